@@ -1,0 +1,65 @@
+# Compiler settings shared by every bridge target: warnings, sanitizers, ccache and the LibTorch precompiled header.
+include(GNUInstallDirs)
+
+if(BRIDGE_USE_CCACHE)
+  find_program(BRIDGE_CCACHE ccache)
+  if(BRIDGE_CCACHE)
+    # ccache only reuses objects built against a precompiled header when told the header's defines and timestamps
+    # may be trusted; -fpch-preprocess (below) lets it see through the header.
+    set(CMAKE_CXX_COMPILER_LAUNCHER
+        ${CMAKE_COMMAND} -E env "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+        ${BRIDGE_CCACHE})
+  endif()
+endif()
+
+add_compile_options(-fPIC)
+
+set(BRIDGE_WARNING_FLAGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Woverloaded-virtual)
+if(BRIDGE_WERROR)
+  list(APPEND BRIDGE_WARNING_FLAGS -Werror)
+endif()
+
+if(BRIDGE_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# The one precompiled header every bridge target reuses: parsing LibTorch's headers costs ~20 s per file, after this
+# a file that includes them compiles in a few seconds.
+add_library(bridge_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+target_link_libraries(bridge_pch PRIVATE torch)
+target_compile_options(bridge_pch PRIVATE ${BRIDGE_WARNING_FLAGS})
+target_precompile_headers(bridge_pch PRIVATE <torch/torch.h> <string> <vector> <memory> <functional> <map>)
+if(BRIDGE_CCACHE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  target_compile_options(bridge_pch PRIVATE -fpch-preprocess)
+endif()
+
+# bridge_configure_target(<target>): warnings, the repo root as include root, and the shared precompiled header.
+function(bridge_configure_target target)
+  target_compile_options(${target} PRIVATE ${BRIDGE_WARNING_FLAGS})
+  if(BRIDGE_CCACHE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -fpch-preprocess)
+  endif()
+  target_precompile_headers(${target} REUSE_FROM bridge_pch)
+endfunction()
+
+# bridge_add_library(<name> <export-name> [SOURCES ...] [DEPS ...]): one library per source folder. A folder whose
+# code is all in headers so far becomes an INTERFACE library.
+function(bridge_add_library name export_name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  if(ARG_SOURCES)
+    add_library(${name} ${ARG_SOURCES})
+    set(scope PUBLIC)
+    set_target_properties(${name} PROPERTIES OUTPUT_NAME bridge_${export_name})
+    bridge_configure_target(${name})
+  else()
+    add_library(${name} INTERFACE)
+    set(scope INTERFACE)
+  endif()
+  add_library(bridge::${export_name} ALIAS ${name})
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${export_name})
+  target_include_directories(${name} ${scope} $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                                              $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/bridge>)
+  target_link_libraries(${name} ${scope} ${ARG_DEPS})
+  set_property(GLOBAL APPEND PROPERTY BRIDGE_LIBRARIES ${name})
+endfunction()

@@ -1,0 +1,51 @@
+// Callback: the event -> handler table and override detection.
+#include "training/callback.h"
+
+#include <array>
+#include <typeinfo>
+
+#include "utils/type_name.h"
+#include "utils/virtual_override.h"
+
+namespace bridge::training {
+namespace {
+
+// In Event's declaration order; tests check every entry.
+constexpr std::array<Callback::Method, kNumEvents> kMethods = {
+    &Callback::on_data_init_start,
+    &Callback::on_train_start,
+    &Callback::on_train_step_start,
+    &Callback::on_train_step_end,
+    &Callback::on_train_end,
+    &Callback::on_eval_start,
+    &Callback::on_eval_step_start,
+    &Callback::on_eval_step_end,
+    &Callback::on_eval_end,
+    &Callback::on_test_start,
+    &Callback::on_test_step_start,
+    &Callback::on_test_step_end,
+    &Callback::on_test_end,
+    &Callback::on_checkpoint_save,
+    &Callback::on_forward_start,
+    &Callback::on_forward_end,
+    &Callback::on_backward_start,
+    &Callback::on_backward_end,
+    &Callback::on_optimizer_step_start,
+    &Callback::on_optimizer_step_end,
+    &Callback::on_log,
+    &Callback::on_checkpoint_load,
+    &Callback::on_exception,
+};
+
+}  // namespace
+
+std::string Callback::name() const { return utils::short_type_name(typeid(*this)); }
+
+Callback::Method Callback::method_for(Event event) { return kMethods.at(static_cast<std::size_t>(event)); }
+
+bool Callback::overrides(Event event) const {
+  static const Callback kBase;
+  return utils::overrides(*this, kBase, method_for(event));
+}
+
+}  // namespace bridge::training

@@ -1,0 +1,59 @@
+// Callback: the base class for class-style callbacks. Override the events you need; the rest stay no-ops and are
+// not even registered, so an unused event costs nothing.
+//
+//   class Timing : public bridge::training::Callback {
+//    public:
+//     void on_train_start(CallbackContext& ctx) override {
+//       ctx.user_state.set("start", std::chrono::steady_clock::now());
+//     }
+//     void on_train_end(CallbackContext& ctx) override { ... }
+//   };
+//   manager.add(std::make_shared<Timing>());
+#pragma once
+
+#include <string>
+
+#include "training/callback_context.h"
+#include "training/event.h"
+
+namespace bridge::training {
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+
+  /// Shown in errors and control-request logs. Defaults to the class name without namespaces.
+  virtual std::string name() const;
+
+  virtual void on_data_init_start(CallbackContext&) {}
+  virtual void on_train_start(CallbackContext&) {}
+  virtual void on_train_step_start(CallbackContext&) {}
+  virtual void on_train_step_end(CallbackContext&) {}
+  virtual void on_train_end(CallbackContext&) {}
+  virtual void on_eval_start(CallbackContext&) {}
+  virtual void on_eval_step_start(CallbackContext&) {}
+  virtual void on_eval_step_end(CallbackContext&) {}
+  virtual void on_eval_end(CallbackContext&) {}
+  virtual void on_test_start(CallbackContext&) {}
+  virtual void on_test_step_start(CallbackContext&) {}
+  virtual void on_test_step_end(CallbackContext&) {}
+  virtual void on_test_end(CallbackContext&) {}
+  virtual void on_checkpoint_save(CallbackContext&) {}
+  virtual void on_forward_start(CallbackContext&) {}
+  virtual void on_forward_end(CallbackContext&) {}
+  virtual void on_backward_start(CallbackContext&) {}
+  virtual void on_backward_end(CallbackContext&) {}
+  virtual void on_optimizer_step_start(CallbackContext&) {}
+  virtual void on_optimizer_step_end(CallbackContext&) {}
+  virtual void on_log(CallbackContext&) {}
+  virtual void on_checkpoint_load(CallbackContext&) {}
+  virtual void on_exception(CallbackContext&) {}
+
+  using Method = void (Callback::*)(CallbackContext&);
+  /// The member function that handles `event`.
+  static Method method_for(Event event);
+  /// Whether this object's class (or an intermediate base) overrides the handler of `event`.
+  bool overrides(Event event) const;
+};
+
+}  // namespace bridge::training

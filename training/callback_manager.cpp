@@ -1,0 +1,113 @@
+// CallbackManager: registration, introspection and the fire loop.
+#include "training/callback_manager.h"
+
+#include <exception>
+#include <utility>
+
+namespace bridge::training {
+
+CallbackError::CallbackError(std::string callback, Event event, const std::string& what)
+    : std::runtime_error("Callback '" + callback + "' failed in " + std::string(to_string(event)) + ": " + what),
+      callback_(std::move(callback)),
+      event_(event) {}
+
+void CallbackManager::add(std::shared_ptr<Callback> callback) {
+  if (!callback) throw std::invalid_argument("CallbackManager::add: the callback is null; pass a constructed object.");
+  const std::string name = callback->name();
+  for (Event event : all_events()) {
+    if (!callback->overrides(event)) continue;
+    registry_[index(event)].push_back(
+        std::make_unique<const Registration>(Registration{name, callback, Callback::method_for(event), {}}));
+  }
+}
+
+void CallbackManager::add(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  for (const std::shared_ptr<Callback>& callback : callbacks) add(callback);
+}
+
+void CallbackManager::register_callback(Event event, CallbackFn fn, std::string name) {
+  if (!fn) {
+    throw std::invalid_argument("CallbackManager::register_callback: the function for " +
+                                std::string(to_string(event)) + " is empty; pass a callable.");
+  }
+  ++num_functions_;
+  if (name.empty()) name = "function#" + std::to_string(num_functions_);
+  registry_[index(event)].push_back(
+      std::make_unique<const Registration>(Registration{std::move(name), nullptr, nullptr, std::move(fn)}));
+}
+
+void CallbackManager::register_callback(std::string_view event, CallbackFn fn, std::string name) {
+  register_callback(event_from_name(event), std::move(fn), std::move(name));
+}
+
+std::vector<RegisteredCallback> CallbackManager::list_callbacks(Event event) const {
+  std::vector<RegisteredCallback> result;
+  for (const auto& registration : registry_[index(event)]) {
+    if (registration->object) {
+      result.push_back({registration->name, [object = registration->object, method = registration->method](
+                                                CallbackContext& ctx) { (object.get()->*method)(ctx); }});
+    } else {
+      result.push_back({registration->name, registration->fn});
+    }
+  }
+  return result;
+}
+
+std::vector<RegisteredCallback> CallbackManager::list_callbacks(std::string_view event) const {
+  return list_callbacks(event_from_name(event));
+}
+
+bool CallbackManager::has_callbacks(std::string_view event) const noexcept {
+  const std::optional<Event> parsed = parse_event(event);
+  return parsed && has_callbacks(*parsed);
+}
+
+void CallbackManager::fire(Event event, CallbackContext& ctx) {
+  const auto& registrations = registry_[index(event)];
+  const std::size_t count = registrations.size();  // callbacks added during this fire wait for the next one
+  if (count == 0) return;
+  ctx.event_ = event;
+  ctx.control_ = &control_;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Registration& registration = *registrations[i];
+    ctx.callback_name_ = &registration.name;
+    try {
+      if (registration.object) {
+        (registration.object.get()->*registration.method)(ctx);
+      } else {
+        registration.fn(ctx);
+      }
+    } catch (...) {
+      rethrow_wrapped(registration, event);
+    }
+  }
+  ctx.callback_name_ = nullptr;
+}
+
+void CallbackManager::fire(std::string_view event, CallbackContext& ctx) { fire(event_from_name(event), ctx); }
+
+void CallbackManager::rethrow_wrapped(const Registration& registration, Event event) {
+  try {
+    throw;
+  } catch (const std::exception& error) {
+    std::throw_with_nested(CallbackError(registration.name, event, error.what()));
+  } catch (...) {
+    std::throw_with_nested(CallbackError(registration.name, event, "an exception not derived from std::exception"));
+  }
+}
+
+std::shared_ptr<CallbackManager> normalize_callbacks(std::nullptr_t) { return nullptr; }
+
+std::shared_ptr<CallbackManager> normalize_callbacks(std::shared_ptr<CallbackManager> manager) { return manager; }
+
+std::shared_ptr<CallbackManager> normalize_callbacks(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  auto manager = std::make_shared<CallbackManager>();
+  manager->add(callbacks);
+  return manager;
+}
+
+bool should_fire(const CallbackManager* manager, std::string_view event) noexcept {
+  return manager != nullptr && manager->has_callbacks(event);
+}
+
+}  // namespace bridge::training

@@ -1,0 +1,131 @@
+// CallbackManager: registers callbacks per event and fires them in registration order.
+//
+//   auto manager = std::make_shared<CallbackManager>();
+//   manager->add(std::make_shared<Timing>());                       // class style: only overridden events
+//   manager->register_callback("on_eval_end", [](CallbackContext& ctx) {
+//     std::cout << "eval loss " << ctx.total_loss_dict->at("lm loss").item<double>() << "\n";
+//   });
+//   pretrain(config, step_fn, manager);
+//
+// Both styles mix; within an event, callbacks fire in the order they were registered. The first exception stops the
+// event and reaches the caller as a CallbackError that names the callback and the event, with the original
+// exception nested inside (std::rethrow_if_nested recovers it). The manager also owns `user_state` and the pending
+// control requests; neither is ever reset.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "training/callback.h"
+#include "training/callback_context.h"
+#include "training/control.h"
+#include "training/event.h"
+#include "training/user_state.h"
+
+namespace bridge::training {
+
+using CallbackFn = std::function<void(CallbackContext&)>;
+
+/// A callback failed while an event fired.
+class CallbackError : public std::runtime_error {
+ public:
+  CallbackError(std::string callback, Event event, const std::string& what);
+  const std::string& callback() const noexcept { return callback_; }
+  Event event() const noexcept { return event_; }
+
+ private:
+  std::string callback_;
+  Event event_;
+};
+
+/// One registered callback, as list_callbacks() reports it.
+struct RegisteredCallback {
+  std::string name;
+  CallbackFn fn;  ///< Calls the callback (a class callback's handler, or the registered function).
+};
+
+class CallbackManager {
+ public:
+  CallbackManager() = default;
+  CallbackManager(const CallbackManager&) = delete;
+  CallbackManager& operator=(const CallbackManager&) = delete;
+
+  /// Registers the handlers that `callback`'s class overrides, also when it is held through a base pointer. Adding
+  /// the same object twice registers it twice.
+  void add(std::shared_ptr<Callback> callback);
+  /// Registers each callback in list order.
+  void add(const std::vector<std::shared_ptr<Callback>>& callbacks);
+
+  /// Registers `fn` for `event`; `name` appears in errors (default "function#<n>").
+  void register_callback(Event event, CallbackFn fn, std::string name = {});
+  /// As above; an unknown name throws std::invalid_argument ("Unknown event '<name>'. Valid events: ...").
+  void register_callback(std::string_view event, CallbackFn fn, std::string name = {});
+
+  /// The valid event names.
+  const std::set<std::string, std::less<>>& events() const { return valid_events(); }
+
+  /// A copy of the callbacks registered for `event`, in firing order.
+  std::vector<RegisteredCallback> list_callbacks(Event event) const;
+  /// As above; an unknown name throws std::invalid_argument.
+  std::vector<RegisteredCallback> list_callbacks(std::string_view event) const;
+
+  /// Whether any callback was registered for `event`.
+  bool has_callbacks(Event event) const noexcept { return !registry_[index(event)].empty(); }
+  /// As above; false (not an error) for an unknown name.
+  bool has_callbacks(std::string_view event) const noexcept;
+
+  /// Calls every callback registered for `event`, in registration order, with `ctx`. Callbacks registered while the
+  /// event fires run from its next firing on.
+  void fire(Event event, CallbackContext& ctx);
+  /// As above; an unknown name throws std::invalid_argument.
+  void fire(std::string_view event, CallbackContext& ctx);
+
+  /// The store shared by all callbacks, persistent across events.
+  UserState& user_state() noexcept { return user_state_; }
+  /// Control requests made by callbacks and not yet acted on.
+  TrainingControl& control() noexcept { return control_; }
+
+ private:
+  struct Registration {
+    std::string name;
+    std::shared_ptr<Callback> object;  // class style: object->*method
+    Callback::Method method = nullptr;
+    CallbackFn fn;  // function style
+  };
+
+  static constexpr std::size_t index(Event event) noexcept { return static_cast<std::size_t>(event); }
+  [[noreturn]] static void rethrow_wrapped(const Registration& registration, Event event);
+
+  // unique_ptr keeps each registration at a fixed address, so fire() can run over a stable prefix while a callback
+  // registers more, without copying the list (no allocation on the fire path).
+  std::array<std::vector<std::unique_ptr<const Registration>>, kNumEvents> registry_;
+  std::size_t num_functions_ = 0;
+  UserState user_state_;
+  TrainingControl control_;
+};
+
+/// Megatron-Bridge's normalize_callbacks: nothing stays nothing, a manager is returned as is, and a list of callbacks
+/// becomes a new manager (an empty list gives an empty manager, not nothing).
+std::shared_ptr<CallbackManager> normalize_callbacks(std::nullptr_t);
+std::shared_ptr<CallbackManager> normalize_callbacks(std::shared_ptr<CallbackManager> manager);
+std::shared_ptr<CallbackManager> normalize_callbacks(const std::vector<std::shared_ptr<Callback>>& callbacks);
+
+/// True iff `manager` exists and has callbacks for `event`. The loop builds a context only when this holds, so an
+/// event nobody listens to costs one load and one compare.
+inline bool should_fire(const CallbackManager* manager, Event event) noexcept {
+  return manager != nullptr && manager->has_callbacks(event);
+}
+inline bool should_fire(const std::shared_ptr<CallbackManager>& manager, Event event) noexcept {
+  return should_fire(manager.get(), event);
+}
+/// By name; false for an unknown name.
+bool should_fire(const CallbackManager* manager, std::string_view event) noexcept;
+
+}  // namespace bridge::training

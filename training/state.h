@@ -1,0 +1,27 @@
+// The training state that callbacks observe: Megatron-Bridge's GlobalState and TrainState, reduced to what the
+// callback core needs. The pretraining loop adds the config, timers and writers when it lands.
+#pragma once
+
+#include <cstdint>
+
+namespace bridge::training {
+
+/// Progress counters of a run (Megatron's TrainState). `step` is the number of completed steps: during
+/// on_train_step_start/end it is the 0-based index of the step in flight.
+struct TrainState {
+  std::int64_t step = 0;
+  std::int64_t consumed_train_samples = 0;
+  std::int64_t skipped_train_samples = 0;
+  std::int64_t consumed_valid_samples = 0;
+  double floating_point_operations_so_far = 0.0;
+  bool do_train = false;
+  bool do_valid = false;
+  bool do_test = false;
+};
+
+/// Everything the loop owns and callbacks may look at.
+struct GlobalState {
+  TrainState train_state;
+};
+
+}  // namespace bridge::training
