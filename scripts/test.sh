@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Every test on a fresh machine, in one command: installs the dependencies, builds, runs the whole suite, then
+# rebuilds the core tests with AddressSanitizer and UndefinedBehaviorSanitizer and runs them again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+scripts/install_deps.sh
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+ctest --test-dir build -j "$jobs" --output-on-failure
+
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBRIDGE_SANITIZE=ON \
+  -DBRIDGE_BUILD_EXAMPLES=OFF -DBRIDGE_BUILD_BENCHMARKS=OFF
+cmake --build build-asan -j "$jobs"
+ctest --test-dir build-asan -L core -j "$jobs" --output-on-failure
