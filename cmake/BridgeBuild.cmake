@@ -61,5 +61,6 @@ function(bridge_add_library name export_name)
   target_include_directories(${name} ${scope} $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
                                               $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/bridge>)
   target_link_libraries(${name} ${scope} ${ARG_DEPS})
+  target_compile_features(${name} ${scope} cxx_std_17)
   set_property(GLOBAL APPEND PROPERTY BRIDGE_LIBRARIES ${name})
 endfunction()

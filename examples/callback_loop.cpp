@@ -202,16 +202,23 @@ void train(const Options& options, CallbackManager& manager) {
     if (options.eval_interval > 0 && step % options.eval_interval == 0) {
       evaluate(model, chunks, state, manager, valid_data, generator, options.eval_iters);
     }
-    if (manager.control().pending(ControlAction::kAbort)) {
-      throw std::runtime_error("training aborted: " + manager.control().requests().front().reason);
-    }
-    if (manager.control().pending(ControlAction::kStop)) {
-      for (const ControlRequest& request : manager.control().take()) {
-        std::printf("stopping at step %lld: %s asked in %s (%s)\n", static_cast<long long>(step),
-                    request.callback.c_str(), std::string(to_string(request.event)).c_str(), request.reason.c_str());
+    // Act on the control requests at the step boundary, then consume them.
+    bool stop = false;
+    for (const ControlRequest& request : manager.control().take()) {
+      const std::string who = request.callback + " in " + std::string(to_string(request.event));
+      if (request.action == ControlAction::kAbort)
+        throw std::runtime_error("aborted by " + who + ": " + request.reason);
+      if (request.action == ControlAction::kSave) {
+        std::printf("save requested by %s (%s); this example keeps no checkpoints\n", who.c_str(),
+                    request.reason.c_str());
       }
-      break;
+      if (request.action == ControlAction::kStop) {
+        std::printf("stopping at step %lld: %s asked (%s)\n", static_cast<long long>(step), who.c_str(),
+                    request.reason.c_str());
+        stop = true;
+      }
     }
+    if (stop) break;
   }
   if (should_fire(&manager, Event::kTrainEnd)) {
     CallbackContext ctx(state, chunks, manager.user_state());

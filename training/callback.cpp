@@ -39,6 +39,30 @@ constexpr std::array<Callback::Method, kNumEvents> kMethods = {
 
 }  // namespace
 
+void Callback::on_data_init_start(CallbackContext&) {}
+void Callback::on_train_start(CallbackContext&) {}
+void Callback::on_train_step_start(CallbackContext&) {}
+void Callback::on_train_step_end(CallbackContext&) {}
+void Callback::on_train_end(CallbackContext&) {}
+void Callback::on_eval_start(CallbackContext&) {}
+void Callback::on_eval_step_start(CallbackContext&) {}
+void Callback::on_eval_step_end(CallbackContext&) {}
+void Callback::on_eval_end(CallbackContext&) {}
+void Callback::on_test_start(CallbackContext&) {}
+void Callback::on_test_step_start(CallbackContext&) {}
+void Callback::on_test_step_end(CallbackContext&) {}
+void Callback::on_test_end(CallbackContext&) {}
+void Callback::on_checkpoint_save(CallbackContext&) {}
+void Callback::on_forward_start(CallbackContext&) {}
+void Callback::on_forward_end(CallbackContext&) {}
+void Callback::on_backward_start(CallbackContext&) {}
+void Callback::on_backward_end(CallbackContext&) {}
+void Callback::on_optimizer_step_start(CallbackContext&) {}
+void Callback::on_optimizer_step_end(CallbackContext&) {}
+void Callback::on_log(CallbackContext&) {}
+void Callback::on_checkpoint_load(CallbackContext&) {}
+void Callback::on_exception(CallbackContext&) {}
+
 std::string Callback::name() const { return utils::short_type_name(typeid(*this)); }
 
 Callback::Method Callback::method_for(Event event) { return kMethods.at(static_cast<std::size_t>(event)); }

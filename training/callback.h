@@ -25,29 +25,32 @@ class Callback {
   /// Shown in errors and control-request logs. Defaults to the class name without namespaces.
   virtual std::string name() const;
 
-  virtual void on_data_init_start(CallbackContext&) {}
-  virtual void on_train_start(CallbackContext&) {}
-  virtual void on_train_step_start(CallbackContext&) {}
-  virtual void on_train_step_end(CallbackContext&) {}
-  virtual void on_train_end(CallbackContext&) {}
-  virtual void on_eval_start(CallbackContext&) {}
-  virtual void on_eval_step_start(CallbackContext&) {}
-  virtual void on_eval_step_end(CallbackContext&) {}
-  virtual void on_eval_end(CallbackContext&) {}
-  virtual void on_test_start(CallbackContext&) {}
-  virtual void on_test_step_start(CallbackContext&) {}
-  virtual void on_test_step_end(CallbackContext&) {}
-  virtual void on_test_end(CallbackContext&) {}
-  virtual void on_checkpoint_save(CallbackContext&) {}
-  virtual void on_forward_start(CallbackContext&) {}
-  virtual void on_forward_end(CallbackContext&) {}
-  virtual void on_backward_start(CallbackContext&) {}
-  virtual void on_backward_end(CallbackContext&) {}
-  virtual void on_optimizer_step_start(CallbackContext&) {}
-  virtual void on_optimizer_step_end(CallbackContext&) {}
-  virtual void on_log(CallbackContext&) {}
-  virtual void on_checkpoint_load(CallbackContext&) {}
-  virtual void on_exception(CallbackContext&) {}
+  // One handler per event; each is a no-op unless overridden. They are defined out of line so that every shared
+  // library sees the same base functions, which override detection compares against.
+
+  virtual void on_data_init_start(CallbackContext& ctx);
+  virtual void on_train_start(CallbackContext& ctx);
+  virtual void on_train_step_start(CallbackContext& ctx);
+  virtual void on_train_step_end(CallbackContext& ctx);
+  virtual void on_train_end(CallbackContext& ctx);
+  virtual void on_eval_start(CallbackContext& ctx);
+  virtual void on_eval_step_start(CallbackContext& ctx);
+  virtual void on_eval_step_end(CallbackContext& ctx);
+  virtual void on_eval_end(CallbackContext& ctx);
+  virtual void on_test_start(CallbackContext& ctx);
+  virtual void on_test_step_start(CallbackContext& ctx);
+  virtual void on_test_step_end(CallbackContext& ctx);
+  virtual void on_test_end(CallbackContext& ctx);
+  virtual void on_checkpoint_save(CallbackContext& ctx);
+  virtual void on_forward_start(CallbackContext& ctx);
+  virtual void on_forward_end(CallbackContext& ctx);
+  virtual void on_backward_start(CallbackContext& ctx);
+  virtual void on_backward_end(CallbackContext& ctx);
+  virtual void on_optimizer_step_start(CallbackContext& ctx);
+  virtual void on_optimizer_step_end(CallbackContext& ctx);
+  virtual void on_log(CallbackContext& ctx);
+  virtual void on_checkpoint_load(CallbackContext& ctx);
+  virtual void on_exception(CallbackContext& ctx);
 
   using Method = void (Callback::*)(CallbackContext&);
   /// The member function that handles `event`.

@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "utils/strings.h"
+
 namespace bridge::training {
 
 std::string_view to_string(ContextFieldId field) {

@@ -30,6 +30,7 @@ namespace bridge::training {
 
 class OptimizerParamScheduler;
 class CallbackManager;
+class FireScope;
 
 /// The model as a list of chunks: one per virtual pipeline stage held by this rank.
 using ModelChunks = std::vector<std::shared_ptr<torch::nn::Module>>;
@@ -85,8 +86,8 @@ class ContextField {
     value_ = std::move(value);
     return *this;
   }
+  // No operator bool: for ContextField<bool> it would read as the value, not its presence.
   bool has_value() const noexcept { return value_.has_value(); }
-  explicit operator bool() const noexcept { return has_value(); }
   T& value() {
     if (!value_) throw_absent_field(Id);
     return *value_;
@@ -179,6 +180,7 @@ class CallbackContext {
 
  private:
   friend class CallbackManager;
+  friend class FireScope;
   void request(ControlAction action, std::string reason);
 
   // Set by CallbackManager::fire for the callback being run.

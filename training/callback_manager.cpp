@@ -62,12 +62,40 @@ bool CallbackManager::has_callbacks(std::string_view event) const noexcept {
   return parsed && has_callbacks(*parsed);
 }
 
+// Binds a context to the event and callback being run, and restores what it was bound to before (nothing, or an
+// outer fire for nested events) when the fire ends, also by exception.
+class FireScope {
+ public:
+  FireScope(CallbackContext& ctx, Event event, TrainingControl& control)
+      : ctx_(ctx), event_(ctx.event_), control_(ctx.control_), callback_name_(ctx.callback_name_) {
+    ctx.event_ = event;
+    ctx.control_ = &control;
+  }
+  ~FireScope() {
+    ctx_.event_ = event_;
+    ctx_.control_ = control_;
+    ctx_.callback_name_ = callback_name_;
+  }
+  FireScope(const FireScope&) = delete;
+  FireScope& operator=(const FireScope&) = delete;
+
+ private:
+  CallbackContext& ctx_;
+  std::optional<Event> event_;
+  TrainingControl* control_;
+  const std::string* callback_name_;
+};
+
 void CallbackManager::fire(Event event, CallbackContext& ctx) {
   const auto& registrations = registry_[index(event)];
   const std::size_t count = registrations.size();  // callbacks added during this fire wait for the next one
   if (count == 0) return;
-  ctx.event_ = event;
-  ctx.control_ = &control_;
+  if (&ctx.user_state != &user_state_) {
+    throw std::invalid_argument("CallbackManager::fire(" + std::string(to_string(event)) +
+                                "): the context's user_state is not this manager's, so nothing callbacks store would "
+                                "persist. Build it as CallbackContext(state, model, manager.user_state()).");
+  }
+  FireScope scope(ctx, event, control_);
   for (std::size_t i = 0; i < count; ++i) {
     const Registration& registration = *registrations[i];
     ctx.callback_name_ = &registration.name;
@@ -81,7 +109,6 @@ void CallbackManager::fire(Event event, CallbackContext& ctx) {
       rethrow_wrapped(registration, event);
     }
   }
-  ctx.callback_name_ = nullptr;
 }
 
 void CallbackManager::fire(std::string_view event, CallbackContext& ctx) { fire(event_from_name(event), ctx); }
@@ -96,8 +123,6 @@ void CallbackManager::rethrow_wrapped(const Registration& registration, Event ev
   }
 }
 
-std::shared_ptr<CallbackManager> normalize_callbacks(std::nullptr_t) { return nullptr; }
-
 std::shared_ptr<CallbackManager> normalize_callbacks(std::shared_ptr<CallbackManager> manager) { return manager; }
 
 std::shared_ptr<CallbackManager> normalize_callbacks(const std::vector<std::shared_ptr<Callback>>& callbacks) {
@@ -108,6 +133,10 @@ std::shared_ptr<CallbackManager> normalize_callbacks(const std::vector<std::shar
 
 bool should_fire(const CallbackManager* manager, std::string_view event) noexcept {
   return manager != nullptr && manager->has_callbacks(event);
+}
+
+bool should_fire(const std::shared_ptr<CallbackManager>& manager, std::string_view event) noexcept {
+  return should_fire(manager.get(), event);
 }
 
 }  // namespace bridge::training

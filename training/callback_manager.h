@@ -33,7 +33,8 @@ namespace bridge::training {
 
 using CallbackFn = std::function<void(CallbackContext&)>;
 
-/// A callback failed while an event fired.
+/// A callback failed while an event fired. The callback's own exception is nested inside: to handle it by type,
+/// `catch (const CallbackError& e) { std::rethrow_if_nested(e); }`.
 class CallbackError : public std::runtime_error {
  public:
   CallbackError(std::string callback, Event event, const std::string& what);
@@ -81,8 +82,9 @@ class CallbackManager {
   /// As above; false (not an error) for an unknown name.
   bool has_callbacks(std::string_view event) const noexcept;
 
-  /// Calls every callback registered for `event`, in registration order, with `ctx`. Callbacks registered while the
-  /// event fires run from its next firing on.
+  /// Calls every callback registered for `event`, in registration order, with `ctx`, whose user_state must be this
+  /// manager's. Callbacks registered while the event fires run from its next firing on. Firing from inside a callback
+  /// (nested events) is allowed.
   void fire(Event event, CallbackContext& ctx);
   /// As above; an unknown name throws std::invalid_argument.
   void fire(std::string_view event, CallbackContext& ctx);
@@ -111,9 +113,8 @@ class CallbackManager {
   TrainingControl control_;
 };
 
-/// Megatron-Bridge's normalize_callbacks: nothing stays nothing, a manager is returned as is, and a list of callbacks
-/// becomes a new manager (an empty list gives an empty manager, not nothing).
-std::shared_ptr<CallbackManager> normalize_callbacks(std::nullptr_t);
+/// Megatron-Bridge's normalize_callbacks: nothing (nullptr) stays nothing, a manager is returned as is, and a list of
+/// callbacks becomes a new manager (an empty list gives an empty manager, not nothing).
 std::shared_ptr<CallbackManager> normalize_callbacks(std::shared_ptr<CallbackManager> manager);
 std::shared_ptr<CallbackManager> normalize_callbacks(const std::vector<std::shared_ptr<Callback>>& callbacks);
 
@@ -127,5 +128,6 @@ inline bool should_fire(const std::shared_ptr<CallbackManager>& manager, Event e
 }
 /// By name; false for an unknown name.
 bool should_fire(const CallbackManager* manager, std::string_view event) noexcept;
+bool should_fire(const std::shared_ptr<CallbackManager>& manager, std::string_view event) noexcept;
 
 }  // namespace bridge::training

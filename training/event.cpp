@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "utils/closest_match.h"
+#include "utils/strings.h"
 
 namespace bridge::training {
 namespace {
@@ -57,13 +58,8 @@ std::optional<Event> parse_event(std::string_view name) {
 
 Event event_from_name(std::string_view name) {
   if (std::optional<Event> event = parse_event(name)) return *event;
-  std::string message = "Unknown event '" + std::string(name) + "'. Valid events: ";
-  bool first = true;
-  for (const std::string& valid : valid_events()) {
-    message += (first ? "" : ", ") + valid;
-    first = false;
-  }
-  message += ".";
+  std::string message =
+      "Unknown event '" + std::string(name) + "'. Valid events: " + utils::join(valid_events(), ", ") + ".";
   const std::vector<std::string_view> candidates(kEventNames.begin(), kEventNames.end());
   if (std::optional<std::string> suggestion = utils::closest_match(name, candidates)) {
     message += " Did you mean '" + *suggestion + "'?";

@@ -9,6 +9,8 @@
 namespace bridge::training {
 namespace {
 
+constexpr double kPi = 3.14159265358979323846;
+
 void require(bool condition, const std::string& message) {
   if (!condition) throw std::invalid_argument("OptimizerParamSchedulerOptions: " + message);
 }
@@ -53,7 +55,7 @@ double OptimizerParamScheduler::get_lr() const {
   }
   const double ratio =
       (steps - static_cast<double>(o.lr_warmup_steps)) / static_cast<double>(o.lr_decay_steps - o.lr_warmup_steps);
-  const double coeff = o.lr_decay_style == LrDecayStyle::kLinear ? 1.0 - ratio : 0.5 * (std::cos(M_PI * ratio) + 1.0);
+  const double coeff = o.lr_decay_style == LrDecayStyle::kLinear ? 1.0 - ratio : 0.5 * (std::cos(kPi * ratio) + 1.0);
   return o.min_lr + coeff * (o.max_lr - o.min_lr);
 }
 

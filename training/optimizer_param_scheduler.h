@@ -4,8 +4,13 @@
 // As in Megatron, steps are counted in whatever unit step(increment) is given; the loop passes samples (global
 // batch size per iteration), so warmup and decay lengths are in samples too.
 //
-//   OptimizerParamScheduler scheduler(optimizer, {.max_lr = 3e-4, .min_lr = 3e-5, .lr_warmup_steps = 100,
-//                                                 .lr_decay_steps = 1000, .lr_decay_style = LrDecayStyle::kCosine});
+//   OptimizerParamSchedulerOptions options;
+//   options.max_lr = 3e-4;
+//   options.min_lr = 3e-5;
+//   options.lr_warmup_steps = 100;
+//   options.lr_decay_steps = 1000;
+//   options.lr_decay_style = LrDecayStyle::kCosine;
+//   OptimizerParamScheduler scheduler(optimizer, options);
 //   scheduler.step(global_batch_size);  // after each optimizer step
 #pragma once
 

@@ -17,14 +17,21 @@
 
 namespace bridge::training {
 
+/// The type a value of type T is stored as: its decayed type, except that C strings become std::string, so that
+/// set("name", "run") reads back as get<std::string>("name").
+template <class T>
+using user_state_value_t =
+    std::conditional_t<std::is_same_v<std::decay_t<T>, const char*> || std::is_same_v<std::decay_t<T>, char*>,
+                       std::string, std::decay_t<T>>;
+
 class UserState {
  public:
   /// Stores `value` under `key`, replacing a value of the same type. Returns the stored value.
   ///
   /// Example: ctx.user_state.set("start_time", std::chrono::steady_clock::now());
   template <class T>
-  std::decay_t<T>& set(const std::string& key, T&& value) {
-    using V = std::decay_t<T>;
+  user_state_value_t<T>& set(const std::string& key, T&& value) {
+    using V = user_state_value_t<T>;
     auto it = values_.find(key);
     if (it == values_.end()) {
       it = values_.emplace(key, std::any(std::in_place_type<V>, std::forward<T>(value))).first;

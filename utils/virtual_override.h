@@ -15,7 +15,7 @@ namespace bridge::utils {
 namespace detail {
 
 // Itanium ABI 2.3: a pointer to member function is {ptr, adj}. For a virtual function, ptr holds 1 + the byte offset
-// of its vtable slot; on ARM, adj's lowest bit marks "virtual" and ptr holds the offset itself.
+// of its vtable slot; on ARM, MIPS and WebAssembly, adj's lowest bit marks "virtual" and ptr holds the offset.
 struct MemberFunctionPointer {
   std::uintptr_t ptr;
   std::ptrdiff_t adj;
@@ -26,7 +26,7 @@ std::optional<std::size_t> vtable_slot(Fn fn) {
   static_assert(sizeof(Fn) == sizeof(MemberFunctionPointer), "unexpected pointer-to-member-function layout");
   MemberFunctionPointer rep{};
   std::memcpy(&rep, &fn, sizeof(rep));
-#if defined(__arm__) || defined(__aarch64__)
+#if defined(__arm__) || defined(__aarch64__) || defined(__mips__) || defined(__wasm__)
   if ((rep.adj & 1) == 0) return std::nullopt;
   return rep.ptr / sizeof(void*);
 #else
@@ -51,7 +51,7 @@ template <class Base, class R, class... Args>
 bool overrides(const Base& object, const Base& reference, R (Base::*method)(Args...)) {
 #if defined(__GXX_ABI_VERSION)
   const std::optional<std::size_t> slot = detail::vtable_slot(method);
-  if (!slot) return false;  // not virtual: nothing can override it
+  if (!slot) return true;  // not recognised as virtual: say "overridden", the safe answer
   return detail::vtable_entry(&object, *slot) != detail::vtable_entry(&reference, *slot);
 #else
   (void)object, (void)reference, (void)method;

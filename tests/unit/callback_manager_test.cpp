@@ -145,6 +145,49 @@ TEST(Callback, EveryHandlerIsWiredToItsEvent) {
 }
 #undef BRIDGE_ONLY
 
+// Callback as a non-primary base, as a virtual base, and in a final class: the vtable read must still be exact.
+struct Unrelated {
+  virtual ~Unrelated() = default;
+  virtual void unrelated() {}
+  int payload = 0;
+};
+class SecondaryBase : public Unrelated, public Callback {
+ public:
+  void on_eval_start(CallbackContext&) override { ++calls; }
+  int calls = 0;
+};
+class VirtualBase : public virtual Callback {
+ public:
+  void on_test_end(CallbackContext&) override { ++calls; }
+  int calls = 0;
+};
+class Diamond : public VirtualBase, public Unrelated {};
+class FinalCallback final : public Callback {
+ public:
+  void on_checkpoint_save(CallbackContext&) override { ++calls; }
+  int calls = 0;
+};
+
+template <class T>
+void expect_registered_only_for(Event expected) {
+  SCOPED_TRACE(to_string(expected));
+  GlobalState state;
+  ModelChunks model;
+  CallbackManager manager;
+  auto callback = std::make_shared<T>();
+  manager.add(std::shared_ptr<Callback>(callback));
+  for (Event event : all_events()) EXPECT_EQ(manager.has_callbacks(event), event == expected) << to_string(event);
+  CallbackContext ctx(state, model, manager.user_state());
+  manager.fire(expected, ctx);
+  EXPECT_EQ(callback->calls, 1);
+}
+
+TEST(Callback, OverrideDetectionWithNonPrimaryVirtualAndFinalBases) {
+  expect_registered_only_for<SecondaryBase>(Event::kEvalStart);
+  expect_registered_only_for<Diamond>(Event::kTestEnd);
+  expect_registered_only_for<FinalCallback>(Event::kCheckpointSave);
+}
+
 // --- Registration ---------------------------------------------------------------------------------------------------
 
 TEST_F(CallbackTest, MB08_RegisterValidEvent) {
@@ -346,6 +389,56 @@ TEST_F(CallbackTest, ContextReportsTheEventBeingFired) {
   EXPECT_THAT(seen, ElementsAre(Event::kEvalStart, Event::kEvalEnd));
 }
 
+TEST_F(CallbackTest, NestedFireSeesItsOwnEventAndRestoresTheOuterOne) {
+  std::vector<Event> seen_by_outer;
+  manager.register_callback(
+      Event::kLog, [](CallbackContext& c) { c.request_save("from the nested event"); }, "inner");
+  manager.register_callback(
+      Event::kTrainStepEnd,
+      [&](CallbackContext& c) {
+        manager.fire(Event::kLog, c);  // a callback firing another event with the same context
+        seen_by_outer.push_back(c.event().value());
+        c.request_stop("from the outer event");
+      },
+      "outer");
+  manager.fire(Event::kTrainStepEnd, ctx);
+  EXPECT_THAT(seen_by_outer, ElementsAre(Event::kTrainStepEnd));
+  const auto requests = manager.control().take();
+  ASSERT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0].callback, "inner");
+  EXPECT_EQ(requests[0].event, Event::kLog);
+  EXPECT_EQ(requests[1].callback, "outer");
+  EXPECT_EQ(requests[1].event, Event::kTrainStepEnd);
+  EXPECT_FALSE(ctx.event().has_value());  // unbound again once the outer fire returns
+}
+
+TEST_F(CallbackTest, ContextIsUnboundAfterFireEvenWhenACallbackThrows) {
+  manager.register_callback(Event::kTrainStart, [](CallbackContext&) {});
+  manager.register_callback(Event::kTrainEnd, [](CallbackContext&) { throw std::runtime_error("x"); });
+  manager.fire(Event::kTrainStart, ctx);
+  EXPECT_THROW(ctx.request_stop("after the fire"), std::logic_error);
+  EXPECT_THROW(manager.fire(Event::kTrainEnd, ctx), CallbackError);
+  EXPECT_FALSE(ctx.event().has_value());
+  EXPECT_THROW(ctx.request_stop("after a failed fire"), std::logic_error);
+  EXPECT_TRUE(manager.control().empty());
+}
+
+TEST_F(CallbackTest, ListedFunctionsRunOutsideFireAndCannotMakeRequests) {
+  manager.register_callback(Event::kTrainStart, [](CallbackContext& c) { c.request_stop("listed"); });
+  EXPECT_THROW(manager.list_callbacks(Event::kTrainStart).at(0).fn(ctx), std::logic_error);
+}
+
+TEST_F(CallbackTest, FireRejectsAContextWithAnotherUserState) {
+  manager.register_callback(Event::kTrainStart, [](CallbackContext&) {});
+  CallbackContext detached(state, model);  // its own store: nothing callbacks write would persist
+  try {
+    manager.fire(Event::kTrainStart, detached);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), HasSubstr("CallbackContext(state, model, manager.user_state())"));
+  }
+}
+
 TEST_F(CallbackTest, FireByUnknownNameThrows) { EXPECT_THROW(manager.fire("on_nothing", ctx), std::invalid_argument); }
 
 // --- Control requests -----------------------------------------------------------------------------------------------
@@ -510,6 +603,7 @@ TEST(ShouldFire, MB40_TrueWhenCallbacksRegistered) {
   manager->register_callback(Event::kTrainStart, [](CallbackContext&) {});
   EXPECT_TRUE(should_fire(manager, Event::kTrainStart));
   EXPECT_TRUE(should_fire(manager.get(), "on_train_start"));
+  EXPECT_TRUE(should_fire(manager, "on_train_start"));
 }
 
 TEST(ShouldFire, MB41_FalseForDifferentEvent) {

@@ -46,7 +46,7 @@ TEST_F(SchedulerTest, CosineDecay) {
   scheduler.step(60);  // half-way through the 100 decay steps: 0.1 + 0.9 * 0.5 * (cos(pi/2) + 1)
   EXPECT_NEAR(scheduler.get_lr(), 0.55, 1e-12);
   scheduler.step(25);  // ratio 0.75
-  EXPECT_NEAR(scheduler.get_lr(), 0.1 + 0.9 * 0.5 * (std::cos(M_PI * 0.75) + 1.0), 1e-12);
+  EXPECT_NEAR(scheduler.get_lr(), 0.1 + 0.9 * 0.5 * (std::cos(std::acos(-1.0) * 0.75) + 1.0), 1e-12);
   scheduler.step(25);  // end of decay
   EXPECT_NEAR(scheduler.get_lr(), 0.1, 1e-12);
   scheduler.step(1000);

@@ -69,6 +69,14 @@ TEST(UserState, EraseFreesTheKeyForAnotherType) {
   EXPECT_EQ(state.get<std::string>("x"), "now a string");
 }
 
+TEST(UserState, StringLiteralsAreStoredAsStrings) {
+  UserState state;
+  state.set("name", "run-1");
+  EXPECT_EQ(state.get<std::string>("name"), "run-1");
+  state.set("name", "run-2");
+  EXPECT_EQ(state.get<std::string>("name"), "run-2");
+}
+
 TEST(UserState, ConstAccess) {
   UserState state;
   state.set("v", 4);
