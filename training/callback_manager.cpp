@@ -11,7 +11,7 @@ CallbackError::CallbackError(std::string callback, Event event, const std::strin
       callback_(std::move(callback)),
       event_(event) {}
 
-void CallbackManager::add(std::shared_ptr<Callback> callback) {
+void CallbackManager::add(const std::shared_ptr<Callback>& callback) {
   if (!callback) throw std::invalid_argument("CallbackManager::add: the callback is null; pass a constructed object.");
   const std::string name = callback->name();
   for (Event event : all_events()) {

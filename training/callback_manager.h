@@ -60,7 +60,7 @@ class CallbackManager {
 
   /// Registers the handlers that `callback`'s class overrides, also when it is held through a base pointer. Adding
   /// the same object twice registers it twice.
-  void add(std::shared_ptr<Callback> callback);
+  void add(const std::shared_ptr<Callback>& callback);
   /// Registers each callback in list order.
   void add(const std::vector<std::shared_ptr<Callback>>& callbacks);
 
