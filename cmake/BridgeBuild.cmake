@@ -5,9 +5,11 @@ if(BRIDGE_USE_CCACHE)
   find_program(BRIDGE_CCACHE ccache)
   if(BRIDGE_CCACHE)
     # ccache only reuses objects built against a precompiled header when told the header's defines and timestamps
-    # may be trusted; -fpch-preprocess (below) lets it see through the header.
+    # may be trusted; -fpch-preprocess (below) lets it see through the header. BASEDIR and NOHASHDIR make objects
+    # reusable across checkouts at different paths (every CI run builds in a fresh clone).
     set(CMAKE_CXX_COMPILER_LAUNCHER
         ${CMAKE_COMMAND} -E env "CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime"
+        "CCACHE_BASEDIR=${PROJECT_SOURCE_DIR}" CCACHE_NOHASHDIR=1
         ${BRIDGE_CCACHE})
   endif()
 endif()
