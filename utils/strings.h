@@ -7,8 +7,8 @@
 
 namespace bridge::utils {
 
-/// The items of `range` (anything convertible to std::string_view, or with a to_string overload found by ADL),
-/// separated by `separator`.
+/// The items of `range` (strings, numbers, or types with a to_string overload found by ADL), separated by
+/// `separator`.
 ///
 /// Example: join(std::vector<std::string>{"a", "b"}, ", ") == "a, b"
 template <class Range>
@@ -20,6 +20,7 @@ std::string join(const Range& range, std::string_view separator) {
     if constexpr (std::is_convertible_v<decltype(item), std::string_view>) {
       result += std::string_view(item);
     } else {
+      using std::to_string;
       result += to_string(item);
     }
     first = false;
