@@ -1,0 +1,187 @@
+// The only file that includes c10d: TCPStore rendezvous, Gloo (and, with CUDA, NCCL) process groups. Differences
+// between LibTorch versions are handled here.
+#include "parallel/c10d_backend.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(BRIDGE_WITH_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace bridge::parallel::detail {
+
+class Rendezvous {
+ public:
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string host;
+};
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+  }
+  throw std::invalid_argument("unknown ReduceOp");
+}
+
+bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
+
+// The network device Gloo listens on: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when the whole job is on
+// this host, else the address this host's name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_host) {
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  }
+  if (is_loopback(master_host)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Starts c10d work with `start` and waits for it within the timeout. c10d reports failures and timeouts as
+// c10::Error, whose what() carries a C++ backtrace: keep only the message.
+template <class Start>
+void run_to_completion(Start&& start, std::chrono::milliseconds timeout) {
+  try {
+    if (!start()->wait(timeout)) throw std::runtime_error("timed out");
+  } catch (const c10::Error& error) {
+    throw std::runtime_error(error.what_without_backtrace());
+  }
+}
+
+class C10dGroup final : public GroupBackend {
+ public:
+  C10dGroup(c10::intrusive_ptr<c10d::ProcessGroup> group, std::chrono::milliseconds timeout)
+      : group_(std::move(group)), timeout_(timeout) {}
+
+  void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    options.timeout = timeout_;
+    run_to_completion([&] { return group_->allreduce(tensors, options); }, timeout_);
+  }
+
+  void all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) override {
+    std::vector<std::vector<at::Tensor>> output_lists{outputs};
+    std::vector<at::Tensor> inputs{input.contiguous()};
+    c10d::AllgatherOptions options;
+    options.timeout = timeout_;
+    run_to_completion([&] { return group_->allgather(output_lists, inputs, options); }, timeout_);
+  }
+
+  void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) override {
+    // LibTorch 1.13's Gloo has no reduce_scatter: reduce everything, keep this rank's chunk.
+    torch::Tensor all = torch::cat(inputs);
+    all_reduce(all, op);
+    output.copy_(all.chunk(static_cast<int64_t>(inputs.size()))[static_cast<std::size_t>(group_->getRank())]);
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    options.timeout = timeout_;
+    run_to_completion([&] { return group_->broadcast(tensors, options); }, timeout_);
+  }
+
+  void send(torch::Tensor& tensor, int dst, int tag) override {
+    std::vector<at::Tensor> tensors{tensor};
+    run_to_completion([&] { return group_->send(tensors, dst, tag); }, timeout_);
+  }
+
+  void recv(torch::Tensor& tensor, int src, int tag) override {
+    std::vector<at::Tensor> tensors{tensor};
+    run_to_completion([&] { return group_->recv(tensors, src, tag); }, timeout_);
+  }
+
+  void barrier() override {
+    c10d::BarrierOptions options;
+    options.timeout = timeout_;
+    run_to_completion([&] { return group_->barrier(options); }, timeout_);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  if (!env.master_addr || !env.master_port) {
+    throw std::invalid_argument("connect_rendezvous: MASTER_ADDR and MASTER_PORT are needed for a world of " +
+                                std::to_string(env.world_size));
+  }
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(*env.master_port);
+  options.isServer = env.is_store_server();
+  options.numWorkers = env.world_size;
+  options.waitWorkers = false;  // the first group's rendezvous waits for everyone anyway
+  options.timeout = timeout;
+  auto rendezvous = std::make_shared<Rendezvous>();
+  rendezvous->host = *env.master_addr;
+  try {
+    try {
+      rendezvous->store = c10::make_intrusive<c10d::TCPStore>(*env.master_addr, options);
+    } catch (const c10::Error& error) {
+      throw std::runtime_error(error.what_without_backtrace());
+    }
+  } catch (const std::exception& error) {
+    throw std::runtime_error("could not " + std::string(options.isServer ? "start" : "reach") +
+                             " the rendezvous store at " + *env.master_addr + ":" + std::to_string(*env.master_port) +
+                             " within " + std::to_string(timeout.count()) + " ms: " + error.what() +
+                             (options.isServer ? ". Is the port in use? Pick another MASTER_PORT."
+                                               : ". Is rank 0 running and MASTER_ADDR reachable from this host?"));
+  }
+  if (env.use_agent_store) {
+    rendezvous->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count),
+                                                               rendezvous->store);
+  }
+  return rendezvous;
+}
+
+std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezvous>& rendezvous,
+                                                   const std::string& prefix, int rank, int size, Backend backend,
+                                                   std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, rendezvous->store);
+  if (backend == Backend::kNccl) {
+#if defined(BRIDGE_WITH_NCCL)
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    return std::make_unique<C10dGroup>(c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options),
+                                       timeout);
+#else
+    throw std::invalid_argument(
+        "backend 'nccl' needs LibTorch built with CUDA and NCCL; this one has neither. Use "
+        "'gloo' for CPU tensors.");
+#endif
+  }
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(gloo_device(rendezvous->host));
+    return std::make_unique<C10dGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options),
+                                       timeout);
+  } catch (const c10::Error& error) {
+    throw std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
+                             std::to_string(size) + ") failed: " + error.what_without_backtrace());
+  }
+}
+
+bool nccl_available() {
+#if defined(BRIDGE_WITH_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace bridge::parallel::detail

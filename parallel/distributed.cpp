@@ -1,0 +1,96 @@
+// The world state behind init_distributed: the launch environment, the rendezvous store and the world group.
+#include "parallel/distributed.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "parallel/c10d_backend.h"
+#include "parallel/mpi_bootstrap.h"
+#include "utils/strings.h"
+
+namespace bridge::parallel {
+namespace {
+
+struct World {
+  LaunchEnv env;
+  DistributedOptions options;
+  std::shared_ptr<detail::Rendezvous> rendezvous;  // null in a world of one
+  std::shared_ptr<ProcessGroup> world_group;
+  int generation = 0;  // distinguishes store keys of successive initialisations
+};
+
+std::unique_ptr<World>& world_state() {
+  static std::unique_ptr<World> world;
+  return world;
+}
+int g_generation = 0;
+
+World& require_world(const char* caller) {
+  if (!world_state()) {
+    throw std::logic_error(std::string(caller) +
+                           ": the distributed world is not initialised; call "
+                           "bridge::parallel::init_distributed() first");
+  }
+  return *world_state();
+}
+
+}  // namespace
+
+void init_distributed(const DistributedOptions& options) { init_distributed(detect_launch_env(), options); }
+
+void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& options) {
+  if (world_state()) throw std::logic_error("init_distributed: already initialised; call destroy_distributed() first");
+  if (options.backend == Backend::kNccl && !detail::nccl_available()) {
+    throw std::invalid_argument(
+        "init_distributed: backend 'nccl' needs LibTorch built with CUDA and NCCL; this one "
+        "has neither. Use Backend::kGloo.");
+  }
+  auto world = std::make_unique<World>();
+  world->env = launch_env.needs_mpi_bootstrap() ? bootstrap_rendezvous_over_mpi(launch_env) : launch_env;
+  world->options = options;
+  world->generation = g_generation++;
+  std::vector<int> all(static_cast<std::size_t>(world->env.world_size));
+  for (int r = 0; r < world->env.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+  if (world->env.world_size > 1) world->rendezvous = detail::connect_rendezvous(world->env, options.timeout);
+  world_state() = std::move(world);
+  try {
+    world_state()->world_group = new_group("world", all);
+  } catch (...) {
+    world_state().reset();
+    throw;
+  }
+}
+
+bool is_distributed_initialized() { return world_state() != nullptr; }
+
+void destroy_distributed() { world_state().reset(); }
+
+const LaunchEnv& get_launch_env() { return require_world("get_launch_env").env; }
+int get_rank() { return require_world("get_rank").env.rank; }
+int get_world_size() { return require_world("get_world_size").env.world_size; }
+ProcessGroup& get_world_group() { return *require_world("get_world_group").world_group; }
+
+std::shared_ptr<ProcessGroup> new_group(const std::string& name, const std::vector<int>& ranks) {
+  World& world = require_world("new_group");
+  for (int r : ranks) {
+    if (r < 0 || r >= world.env.world_size || std::count(ranks.begin(), ranks.end(), r) != 1) {
+      throw std::invalid_argument("new_group('" + name + "'): ranks [" + utils::join(ranks, ", ") +
+                                  "] must be distinct and in [0, " + std::to_string(world.env.world_size) + ")");
+    }
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), world.env.rank);
+  if (me == ranks.end()) return nullptr;
+  const int rank_in_group = static_cast<int>(me - ranks.begin());
+  std::unique_ptr<detail::GroupBackend> backend;
+  if (ranks.size() > 1) {
+    // Identical on every member and unique per group: the store keys of different groups never collide.
+    const std::string prefix =
+        "bridge/" + std::to_string(world.generation) + "/" + name + "/" + utils::join(ranks, ",");
+    backend = detail::create_group_backend(world.rendezvous, prefix, rank_in_group, static_cast<int>(ranks.size()),
+                                           world.options.backend, world.options.timeout);
+  }
+  return std::make_shared<ProcessGroup>(name, ranks, rank_in_group, world.options.backend, world.options.timeout,
+                                        std::move(backend));
+}
+
+}  // namespace bridge::parallel

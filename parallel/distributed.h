@@ -1,0 +1,45 @@
+// The job's world: initialisation from the launcher's environment and creation of process groups.
+//
+//   bridge::parallel::init_distributed();          // torchrun, mpirun, srun or alone: no code change
+//   auto& world = bridge::parallel::get_world_group();
+//   ...
+//   bridge::parallel::destroy_distributed();
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/launch_env.h"
+#include "parallel/process_group.h"
+
+namespace bridge::parallel {
+
+struct DistributedOptions {
+  Backend backend = Backend::kGloo;
+  /// Limit for the rendezvous and for every operation; a dead peer surfaces as a CommunicationError within it.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+/// Initialises the world from this process's environment (detect_launch_env), bootstrapping the rendezvous address
+/// over MPI when an MPI launcher gave none. A world of one needs no store and no network. Throws if already
+/// initialised.
+void init_distributed(const DistributedOptions& options = {});
+/// The same from an explicit environment.
+void init_distributed(const LaunchEnv& env, const DistributedOptions& options);
+
+bool is_distributed_initialized();
+/// Releases every group and the store; init_distributed may be called again afterwards.
+void destroy_distributed();
+
+const LaunchEnv& get_launch_env();
+int get_rank();
+int get_world_size();
+ProcessGroup& get_world_group();
+
+/// A group of the global `ranks` (in group-rank order), or nullptr on a rank that is not a member. Only members
+/// take part; `name` ("tp", "dp", ...) appears in errors. Members must create their common groups in the same order.
+std::shared_ptr<ProcessGroup> new_group(const std::string& name, const std::vector<int>& ranks);
+
+}  // namespace bridge::parallel

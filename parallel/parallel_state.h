@@ -1,0 +1,65 @@
+// Megatron-Core's parallel_state: initialize_model_parallel creates this rank's tensor-, pipeline-, data- and
+// model-parallel groups, the embedding group (first and last pipeline stage) and the position-embedding group
+// (first stage), and the getters answer by Megatron's names.
+//
+//   bridge::parallel::init_distributed();
+//   bridge::parallel::initialize_model_parallel(/*tp=*/2, /*pp=*/2);
+//   if (bridge::parallel::is_pipeline_last_stage()) ...
+//   bridge::parallel::destroy_model_parallel();
+#pragma once
+
+#include <optional>
+
+#include "parallel/process_group.h"
+#include "parallel/rank_layout.h"
+
+namespace bridge::parallel {
+
+/// Builds the groups for `options` over the initialised world (init_distributed first). Validation errors name the
+/// field (e.g. a world size not divisible by tp x pp). Throws if already initialised.
+void initialize_model_parallel(const ParallelOptions& options);
+void initialize_model_parallel(int tensor_model_parallel_size, int pipeline_model_parallel_size = 1,
+                               std::optional<int> virtual_pipeline_model_parallel_size = std::nullopt);
+bool model_parallel_is_initialized();
+/// Releases the groups; the world stays initialised.
+void destroy_model_parallel();
+
+/// This rank's layout: every group as global ranks.
+const RankLayout& get_rank_layout();
+
+ProcessGroup& get_tensor_model_parallel_group();
+int get_tensor_model_parallel_rank();
+int get_tensor_model_parallel_world_size();
+
+ProcessGroup& get_pipeline_model_parallel_group();
+int get_pipeline_model_parallel_rank();
+int get_pipeline_model_parallel_world_size();
+/// Global ranks of the first/last stage and of the next/previous stage (wrapping around) in this pipeline.
+int get_pipeline_model_parallel_first_rank();
+int get_pipeline_model_parallel_last_rank();
+int get_pipeline_model_parallel_next_rank();
+int get_pipeline_model_parallel_prev_rank();
+/// First/last stage; with a virtual pipeline, also the first/last model chunk unless `ignore_virtual`.
+bool is_pipeline_first_stage(bool ignore_virtual = false);
+bool is_pipeline_last_stage(bool ignore_virtual = false);
+
+std::optional<int> get_virtual_pipeline_model_parallel_world_size();
+int get_virtual_pipeline_model_parallel_rank();
+void set_virtual_pipeline_model_parallel_rank(int rank);
+
+ProcessGroup& get_data_parallel_group();
+int get_data_parallel_rank();
+int get_data_parallel_world_size();
+
+/// Tensor x pipeline: the group that reduces gradient-norm statistics.
+ProcessGroup& get_model_parallel_group();
+ProcessGroup& get_tensor_and_data_parallel_group();
+
+/// The embedding group, or nullptr on a rank outside it (middle pipeline stages).
+ProcessGroup* get_embedding_group();
+bool is_rank_in_embedding_group(bool ignore_virtual = false);
+/// The position-embedding group, or nullptr on a rank outside it.
+ProcessGroup* get_position_embedding_group();
+bool is_rank_in_position_embedding_group();
+
+}  // namespace bridge::parallel

@@ -1,0 +1,123 @@
+// ProcessGroup: argument checks, the local path for groups of one, and errors that name group, operation and ranks.
+#include "parallel/process_group.h"
+
+#include <utility>
+
+#include "utils/strings.h"
+
+namespace bridge::parallel {
+
+std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(Backend backend) { return backend == Backend::kGloo ? "gloo" : "nccl"; }
+
+CommunicationError::CommunicationError(std::string group, std::string operation, const std::string& message)
+    : std::runtime_error(message), group_(std::move(group)), operation_(std::move(operation)) {}
+
+ProcessGroup::ProcessGroup(std::string name, std::vector<int> global_ranks, int rank, Backend backend,
+                           std::chrono::milliseconds timeout, std::unique_ptr<detail::GroupBackend> backend_impl)
+    : name_(std::move(name)),
+      global_ranks_(std::move(global_ranks)),
+      rank_(rank),
+      backend_(backend),
+      timeout_(timeout),
+      impl_(std::move(backend_impl)) {
+  if (rank_ < 0 || rank_ >= size()) {
+    throw std::invalid_argument("ProcessGroup '" + name_ + "': rank " + std::to_string(rank_) + " is not in [0, " +
+                                std::to_string(size()) + ")");
+  }
+  if (size() > 1 && !impl_)
+    throw std::invalid_argument("ProcessGroup '" + name_ + "': a multi-rank group needs a backend");
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+template <class Op>
+void ProcessGroup::run(std::string_view operation, Op&& op) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    op();
+  } catch (const std::exception& error) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    throw CommunicationError(name_, std::string(operation),
+                             std::string(operation) + " on group '" + name_ + "' (global ranks [" +
+                                 utils::join(global_ranks_, ", ") + "], this is group rank " + std::to_string(rank_) +
+                                 ") failed after " + std::to_string(seconds) + " s (timeout " +
+                                 std::to_string(timeout_.count()) + " ms): " + error.what() +
+                                 ". A peer may have died or fallen out of step; check the other ranks' logs.");
+  }
+}
+
+void ProcessGroup::check_peer(std::string_view operation, int peer) const {
+  if (peer < 0 || peer >= size() || peer == rank_) {
+    throw std::invalid_argument(std::string(operation) + " on group '" + name_ + "': peer " + std::to_string(peer) +
+                                " must be another group rank in [0, " + std::to_string(size()) + ")");
+  }
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  if (impl_) run("all_reduce", [&] { impl_->all_reduce(tensor, op); });
+}
+
+std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor) {
+  std::vector<torch::Tensor> outputs;
+  for (int i = 0; i < size(); ++i) outputs.push_back(torch::empty_like(tensor));
+  if (!impl_) {
+    outputs[0].copy_(tensor);
+    return outputs;
+  }
+  run("all_gather", [&] { impl_->all_gather(outputs, tensor); });
+  return outputs;
+}
+
+torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input, ReduceOp op) {
+  if (input.dim() == 0 || input.size(0) % size() != 0) {
+    throw std::invalid_argument("reduce_scatter on group '" + name_ + "': dim 0 of the input (" +
+                                (input.dim() == 0 ? std::string("a scalar") : std::to_string(input.size(0))) +
+                                ") must split into " + std::to_string(size()) + " equal chunks");
+  }
+  std::vector<torch::Tensor> chunks;
+  for (const torch::Tensor& chunk : input.chunk(size())) chunks.push_back(chunk.contiguous());
+  torch::Tensor output = torch::empty_like(chunks[static_cast<std::size_t>(rank_)]);
+  if (!impl_) return output.copy_(chunks[0]);
+  run("reduce_scatter", [&] { impl_->reduce_scatter(output, chunks, op); });
+  return output;
+}
+
+void ProcessGroup::broadcast(torch::Tensor& tensor, int root) {
+  if (root < 0 || root >= size()) {
+    throw std::invalid_argument("broadcast on group '" + name_ + "': root " + std::to_string(root) +
+                                " is not a group rank in [0, " + std::to_string(size()) + ")");
+  }
+  if (impl_) run("broadcast", [&] { impl_->broadcast(tensor, root); });
+}
+
+void ProcessGroup::send(const torch::Tensor& tensor, int peer, int tag) {
+  check_peer("send", peer);
+  torch::Tensor contiguous = tensor.contiguous();
+  run("send", [&] { impl_->send(contiguous, peer, tag); });
+}
+
+void ProcessGroup::recv(torch::Tensor& tensor, int peer, int tag) {
+  check_peer("recv", peer);
+  if (!tensor.is_contiguous()) {
+    throw std::invalid_argument("recv on group '" + name_ + "': the receive buffer must be contiguous");
+  }
+  run("recv", [&] { impl_->recv(tensor, peer, tag); });
+}
+
+void ProcessGroup::barrier() {
+  if (impl_) run("barrier", [&] { impl_->barrier(); });
+}
+
+}  // namespace bridge::parallel

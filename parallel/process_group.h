@@ -1,0 +1,100 @@
+// ProcessGroup: bridge's small interface over LibTorch's c10d collectives, Gloo for CPU tensors and NCCL for CUDA
+// tensors (when LibTorch has CUDA). Every call blocks until the operation is done on this rank. A failure, a dead
+// peer or a timeout throws CommunicationError naming the group, the operation and its ranks, so no rank waits
+// forever. All c10d calls live in c10d_backend.cpp, the one file that tracks LibTorch version differences.
+//
+//   ProcessGroup& tp = parallel_state::get_tensor_model_parallel_group();
+//   tp.all_reduce(partial_sum);                  // in place, sum by default
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bridge::parallel {
+
+enum class ReduceOp : std::uint8_t { kSum, kMax, kMin };
+enum class Backend : std::uint8_t { kGloo, kNccl };
+
+std::string_view to_string(ReduceOp op);
+std::string_view to_string(Backend backend);
+
+/// A collective or point-to-point operation failed (a peer died, a timeout passed, a transport error).
+class CommunicationError : public std::runtime_error {
+ public:
+  CommunicationError(std::string group, std::string operation, const std::string& message);
+  const std::string& group() const noexcept { return group_; }
+  const std::string& operation() const noexcept { return operation_; }
+
+ private:
+  std::string group_;
+  std::string operation_;
+};
+
+namespace detail {
+/// What a backend implements; the only implementation wraps c10d (c10d_backend.cpp).
+class GroupBackend {
+ public:
+  virtual ~GroupBackend() = default;
+  virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  virtual void all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) = 0;
+  virtual void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) = 0;
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  virtual void send(torch::Tensor& tensor, int dst, int tag) = 0;
+  virtual void recv(torch::Tensor& tensor, int src, int tag) = 0;
+  virtual void barrier() = 0;
+};
+}  // namespace detail
+
+class ProcessGroup {
+ public:
+  /// A group of `global_ranks` in which this process is `rank`. A group of one needs no backend: every operation is
+  /// then local. Groups are made by init_distributed/new_group, not by hand.
+  ProcessGroup(std::string name, std::vector<int> global_ranks, int rank, Backend backend,
+               std::chrono::milliseconds timeout, std::unique_ptr<detail::GroupBackend> backend_impl);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  /// This process's rank within the group.
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(global_ranks_.size()); }
+  /// The members' global ranks, in group-rank order.
+  const std::vector<int>& global_ranks() const noexcept { return global_ranks_; }
+  Backend backend() const noexcept { return backend_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  /// Reduces `tensor` over the group, in place.
+  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// Every member's `tensor`, in group-rank order.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
+  /// Reduces `input` (dim 0 = size() equal chunks) over the group and returns this rank's chunk.
+  torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  /// Copies group rank `root`'s `tensor` into every member's `tensor`.
+  void broadcast(torch::Tensor& tensor, int root = 0);
+  /// Sends to / receives from group rank `peer`; `tensor` must be contiguous, and for recv, preallocated.
+  void send(const torch::Tensor& tensor, int peer, int tag = 0);
+  void recv(torch::Tensor& tensor, int peer, int tag = 0);
+  void barrier();
+
+ private:
+  template <class Op>
+  void run(std::string_view operation, Op&& op);
+  void check_peer(std::string_view operation, int peer) const;
+
+  std::string name_;
+  std::vector<int> global_ranks_;
+  int rank_;
+  Backend backend_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<detail::GroupBackend> impl_;  // null for a group of one
+};
+
+}  // namespace bridge::parallel

@@ -1,0 +1,60 @@
+// Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group, and a rank that
+// dies makes the others fail with a clear error within the timeout.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/dist/spawn.h"
+
+namespace bridge::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr const char* kWorker = BRIDGE_DIST_WORKER;
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (std::size_t rank = 0; rank < results.size(); ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << describe(results);
+    EXPECT_THAT(results[rank].output, HasSubstr(": ok")) << describe(results);
+  }
+}
+
+TEST(Distributed, TwoRanksTensorParallel) {
+  expect_all_ok(run_ranks(kWorker, {"groups", "2", "1"}, 2, std::chrono::seconds(120)));
+}
+
+TEST(Distributed, TwoRanksPipelineParallel) {
+  expect_all_ok(run_ranks(kWorker, {"groups", "1", "2"}, 2, std::chrono::seconds(120)));
+}
+
+TEST(Distributed, FourRanksTp2Pp2) {
+  expect_all_ok(run_ranks(kWorker, {"groups", "2", "2"}, 4, std::chrono::seconds(180)));
+}
+
+TEST(Distributed, EightRanksTp2Pp2Dp2) {
+  expect_all_ok(run_ranks(kWorker, {"groups", "2", "2"}, 8, std::chrono::seconds(300)));
+}
+
+TEST(Distributed, DeadRankFailsTheOthersWithinTheTimeout) {
+  const auto results = run_ranks(kWorker, {"dead_rank", "5000"}, 3, std::chrono::seconds(120));
+  EXPECT_EQ(results[2].exit_code, 17) << describe(results);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << describe(results);
+    EXPECT_FALSE(results[rank].killed_at_deadline) << describe(results);
+    EXPECT_THAT(results[rank].output, HasSubstr("all_reduce on group 'world'")) << describe(results);
+  }
+}
+
+TEST(Distributed, StalledRankFailsTheOthersOnceTheTimeoutPasses) {
+  const auto results = run_ranks(kWorker, {"stalled_rank", "3000"}, 3, std::chrono::seconds(120));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << describe(results);
+    EXPECT_THAT(results[rank].output, HasSubstr("all_reduce on group 'world'")) << describe(results);
+    // Not before the timeout, and not long after it.
+    EXPECT_GE(results[rank].seconds, 3.0) << describe(results);
+    EXPECT_LT(results[rank].seconds, 30.0) << describe(results);
+  }
+}
+
+}  // namespace
+}  // namespace bridge::testing

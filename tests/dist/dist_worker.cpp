@@ -1,0 +1,183 @@
+// One rank of a multi-process test. Launched by dist_test (as torchrun would), by mpirun or by torchrun itself.
+//
+//   dist_worker groups <tp> <pp> [timeout_ms]   initialise, build the parallel groups, and check every collective
+//                                               on every group against values computed from the global ranks
+//   dist_worker dead_rank [timeout_ms]          the last rank dies; every other rank must get a CommunicationError
+//   dist_worker stalled_rank [timeout_ms]       the last rank lives but skips the collective; the others must fail
+//                                               with a CommunicationError once the timeout has passed
+//
+// Exit 0 on success; failures print what differed and exit 1.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
+#include "utils/strings.h"
+
+namespace {
+
+using namespace bridge::parallel;
+
+int g_failures = 0;
+
+void expect(bool condition, const std::string& what) {
+  if (condition) return;
+  ++g_failures;
+  std::printf("rank %d: FAILED %s\n", get_rank(), what.c_str());
+}
+
+double value_of(int global_rank) { return global_rank + 1.0; }
+
+// Checks every operation of `group` against the values its members' global ranks imply. Different groups run at
+// the same time on different ranks, so a wrong membership or cross-talk shows up as a wrong value.
+void check_group(ProcessGroup& group, const std::vector<int>& expected_members) {
+  const std::string name = group.name() + "[" + bridge::utils::join(group.global_ranks(), ",") + "]";
+  expect(group.global_ranks() == expected_members,
+         name + " members, expected [" + bridge::utils::join(expected_members, ",") + "]");
+  const auto& members = group.global_ranks();
+  double sum = 0, max = 0, min = 1e9;
+  for (int r : members) {
+    sum += value_of(r);
+    max = std::max(max, value_of(r));
+    min = std::min(min, value_of(r));
+  }
+  const double mine = value_of(get_rank());
+
+  torch::Tensor t = torch::full({3}, mine, torch::kFloat64);
+  group.all_reduce(t, ReduceOp::kSum);
+  expect(t.eq(sum).all().item<bool>(), name + " all_reduce sum " + std::to_string(t[0].item<double>()));
+  t.fill_(mine);
+  group.all_reduce(t, ReduceOp::kMax);
+  expect(t.eq(max).all().item<bool>(), name + " all_reduce max");
+  t.fill_(mine);
+  group.all_reduce(t, ReduceOp::kMin);
+  expect(t.eq(min).all().item<bool>(), name + " all_reduce min");
+
+  const std::vector<torch::Tensor> gathered = group.all_gather(torch::full({2}, mine, torch::kFloat64));
+  expect(static_cast<int>(gathered.size()) == group.size(), name + " all_gather size");
+  for (std::size_t i = 0; i < gathered.size(); ++i) {
+    expect(gathered[i].eq(value_of(members[i])).all().item<bool>(), name + " all_gather element " + std::to_string(i));
+  }
+
+  torch::Tensor b = torch::full({4}, mine, torch::kFloat64);
+  const int root = group.size() - 1;
+  group.broadcast(b, root);
+  expect(b.eq(value_of(members[static_cast<std::size_t>(root)])).all().item<bool>(), name + " broadcast");
+
+  // Chunk j of every member's input is (j + 1) * value, so this rank's reduced chunk is (rank + 1) * sum.
+  torch::Tensor input = torch::arange(1, group.size() + 1, torch::kFloat64).repeat_interleave(2) * mine;
+  torch::Tensor chunk = group.reduce_scatter(input);
+  expect(chunk.eq((group.rank() + 1) * sum).all().item<bool>(), name + " reduce_scatter");
+
+  if (group.size() > 1) {  // a ring: even ranks send first so that no two ranks wait on each other
+    const int next = (group.rank() + 1) % group.size();
+    const int prev = (group.rank() - 1 + group.size()) % group.size();
+    torch::Tensor out = torch::full({5}, mine, torch::kFloat64);
+    torch::Tensor in = torch::zeros({5}, torch::kFloat64);
+    if (group.rank() % 2 == 0) {
+      group.send(out, next);
+      group.recv(in, prev);
+    } else {
+      group.recv(in, prev);
+      group.send(out, next);
+    }
+    expect(in.eq(value_of(members[static_cast<std::size_t>(prev)])).all().item<bool>(), name + " send/recv");
+  }
+  group.barrier();
+}
+
+int run_groups(int tp, int pp, std::chrono::milliseconds timeout) {
+  init_distributed({Backend::kGloo, timeout});
+  initialize_model_parallel(tp, pp);
+  const RankLayout expected = compute_rank_layout(get_world_size(), get_rank(), get_rank_layout().options);
+  std::vector<int> world(static_cast<std::size_t>(get_world_size()));
+  std::iota(world.begin(), world.end(), 0);
+  check_group(get_world_group(), world);
+  check_group(get_tensor_model_parallel_group(), expected.tensor_model_parallel);
+  check_group(get_pipeline_model_parallel_group(), expected.pipeline_model_parallel);
+  check_group(get_data_parallel_group(), expected.data_parallel);
+  check_group(get_model_parallel_group(), expected.model_parallel);
+  check_group(get_tensor_and_data_parallel_group(), expected.tensor_and_data_parallel);
+  expect((get_embedding_group() != nullptr) == !expected.embedding.empty(), "embedding membership");
+  if (ProcessGroup* embedding = get_embedding_group()) check_group(*embedding, expected.embedding);
+  if (ProcessGroup* position = get_position_embedding_group()) check_group(*position, expected.position_embedding);
+  expect(is_pipeline_first_stage() == (get_pipeline_model_parallel_rank() == 0), "is_pipeline_first_stage");
+  expect(is_pipeline_last_stage() == (get_pipeline_model_parallel_rank() == pp - 1), "is_pipeline_last_stage");
+  std::printf("rank %d of %d (%s): tp %d/%d pp %d/%d dp %d/%d: %s\n", get_rank(), get_world_size(),
+              std::string(to_string(get_launch_env().launcher)).c_str(), get_tensor_model_parallel_rank(),
+              get_tensor_model_parallel_world_size(), get_pipeline_model_parallel_rank(),
+              get_pipeline_model_parallel_world_size(), get_data_parallel_rank(), get_data_parallel_world_size(),
+              g_failures == 0 ? "ok" : "FAILED");
+  destroy_model_parallel();
+  destroy_distributed();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Every rank but the last runs a world all_reduce that cannot complete; returns 0 if it failed as it should.
+int expect_failed_all_reduce() {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    torch::Tensor t = torch::ones({16});
+    get_world_group().all_reduce(t);
+    std::printf("rank %d: all_reduce completed although a rank is missing\n", get_rank());
+    return 1;
+  } catch (const CommunicationError& error) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank %d: caught after %.2f s: %s\n", get_rank(), seconds, error.what());
+    return error.group() == "world" && error.operation() == "all_reduce" ? 0 : 1;
+  }
+}
+
+int run_dead_rank(std::chrono::milliseconds timeout) {
+  init_distributed({Backend::kGloo, timeout});
+  get_world_group().barrier();
+  if (get_rank() == get_world_size() - 1) {
+    std::printf("rank %d: dying now\n", get_rank());
+    std::fflush(stdout);
+    std::_Exit(17);  // no goodbye to the peers, like a crash or an OOM kill
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int code = expect_failed_all_reduce();
+  std::fflush(stdout);
+  std::_Exit(code);  // the peers' connections are broken: leave without tearing groups down, as a failing job does
+}
+
+int run_stalled_rank(std::chrono::milliseconds timeout) {
+  init_distributed({Backend::kGloo, timeout});
+  get_world_group().barrier();
+  if (get_rank() == get_world_size() - 1) {
+    std::this_thread::sleep_for(timeout * 2);  // alive, connected, but never joins the collective
+    std::_Exit(0);
+  }
+  const int code = expect_failed_all_reduce();
+  std::fflush(stdout);
+  std::_Exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string scenario = argc > 1 ? argv[1] : "";
+    if (scenario == "groups" && argc >= 4) {
+      const auto timeout = std::chrono::milliseconds(argc > 4 ? std::atoi(argv[4]) : 60000);
+      return run_groups(std::atoi(argv[2]), std::atoi(argv[3]), timeout);
+    }
+    if (scenario == "dead_rank") {
+      return run_dead_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 5000));
+    }
+    if (scenario == "stalled_rank") {
+      return run_stalled_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 3000));
+    }
+    std::fprintf(stderr, "usage: dist_worker groups <tp> <pp> [timeout_ms] | dead_rank|stalled_rank [timeout_ms]\n");
+    return 2;
+  } catch (const std::exception& error) {
+    std::printf("error: %s\n", error.what());
+    return 1;
+  }
+}
