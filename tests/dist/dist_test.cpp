@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/dist/spawn.h"
+#include "utils/net.h"
 
 namespace bridge::testing {
 namespace {
@@ -54,6 +55,35 @@ TEST(Distributed, StalledRankFailsTheOthersOnceTheTimeoutPasses) {
     EXPECT_GE(results[rank].seconds, 3.0) << describe(results);
     EXPECT_LT(results[rank].seconds, 30.0) << describe(results);
   }
+}
+
+// The same binary under the real launchers, unchanged. mpirun passes no MASTER_ADDR, so the rendezvous address
+// comes from the MPI bootstrap; Debian's torchrun 1.13 hosts the store in its agent, so rank 0 connects as a client.
+int count_ok_lines(const std::string& output, const std::string& launcher) {
+  int count = 0;
+  for (std::size_t at = output.find(launcher); at != std::string::npos; at = output.find(launcher, at + 1)) {
+    const std::size_t end = output.find('\n', at);
+    if (output.substr(at, end - at).find(": ok") != std::string::npos) ++count;
+  }
+  return count;
+}
+
+TEST(Launchers, MpirunFourRanksTp2Pp2) {
+  const RankResult result =
+      run_command({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", kWorker, "groups", "2", "2"},
+                  std::chrono::seconds(180));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_ok_lines(result.output, "(Open MPI, "), 4) << result.output;
+}
+
+TEST(Launchers, TorchrunTwoRanksTp2) {
+  // Debian's torchrun fails under Python 3.11 with its default redirects; explicit per-rank mappings avoid it.
+  const RankResult result = run_command(
+      {"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1", "--master_addr=127.0.0.1",
+       "--master_port=" + std::to_string(utils::find_free_port()), kWorker, "groups", "2", "1"},
+      std::chrono::seconds(180));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_ok_lines(result.output, "(torchrun, agent store)"), 2) << result.output;
 }
 
 }  // namespace

@@ -108,11 +108,13 @@ int run_groups(int tp, int pp, std::chrono::milliseconds timeout) {
   if (ProcessGroup* position = get_position_embedding_group()) check_group(*position, expected.position_embedding);
   expect(is_pipeline_first_stage() == (get_pipeline_model_parallel_rank() == 0), "is_pipeline_first_stage");
   expect(is_pipeline_last_stage() == (get_pipeline_model_parallel_rank() == pp - 1), "is_pipeline_last_stage");
-  std::printf("rank %d of %d (%s): tp %d/%d pp %d/%d dp %d/%d: %s\n", get_rank(), get_world_size(),
-              std::string(to_string(get_launch_env().launcher)).c_str(), get_tensor_model_parallel_rank(),
-              get_tensor_model_parallel_world_size(), get_pipeline_model_parallel_rank(),
-              get_pipeline_model_parallel_world_size(), get_data_parallel_rank(), get_data_parallel_world_size(),
-              g_failures == 0 ? "ok" : "FAILED");
+  const LaunchEnv& env = get_launch_env();
+  std::printf("rank %d of %d (%s, %s store): tp %d/%d pp %d/%d dp %d/%d: %s\n", get_rank(), get_world_size(),
+              std::string(to_string(env.launcher)).c_str(),
+              env.use_agent_store ? "agent" : (env.is_store_server() ? "own" : "rank-0"),
+              get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size(),
+              get_pipeline_model_parallel_rank(), get_pipeline_model_parallel_world_size(), get_data_parallel_rank(),
+              get_data_parallel_world_size(), g_failures == 0 ? "ok" : "FAILED");
   destroy_model_parallel();
   destroy_distributed();
   return g_failures == 0 ? 0 : 1;
