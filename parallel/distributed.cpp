@@ -6,6 +6,7 @@
 
 #include "parallel/c10d_backend.h"
 #include "parallel/mpi_bootstrap.h"
+#include "utils/logging.h"
 #include "utils/strings.h"
 
 namespace bridge::parallel {
@@ -51,10 +52,13 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
   world->generation = g_generation++;
   std::vector<int> all(static_cast<std::size_t>(world->env.world_size));
   for (int r = 0; r < world->env.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+  utils::configure_logging(world->env.rank, world->env.world_size);
   if (world->env.world_size > 1) world->rendezvous = detail::connect_rendezvous(world->env, options.timeout);
   world_state() = std::move(world);
   try {
     world_state()->world_group = new_group("world", all);
+    utils::logger().info("initialised {} rank(s) launched by {}, backend {}, timeout {} ms", all.size(),
+                         to_string(world_state()->env.launcher), to_string(options.backend), options.timeout.count());
   } catch (...) {
     world_state().reset();
     throw;

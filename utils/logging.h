@@ -1,0 +1,21 @@
+// Rank-aware logging over spdlog. Every line is tagged with the rank ("[rank 3/8]"); by default only rank 0 prints
+// informational messages, so a job prints them once, while warnings and errors print on every rank.
+//
+// Environment: BRIDGE_LOG_LEVEL (trace, debug, info, warn, error; default info) and BRIDGE_LOG_ALL_RANKS=1 (every
+// rank prints at the configured level). init_distributed configures this; a program alone logs as rank 0 of 1.
+#pragma once
+
+#include <spdlog/logger.h>
+#include <spdlog/sinks/sink.h>
+
+#include <memory>
+
+namespace bridge::utils {
+
+/// Tags lines with `rank`/`world_size` and applies the per-rank level. `sink` replaces stderr (for tests).
+void configure_logging(int rank, int world_size, std::shared_ptr<spdlog::sinks::sink> sink = nullptr);
+
+/// The bridge logger. Example: bridge::utils::logger().info("step {} loss {:.3f}", step, loss);
+spdlog::logger& logger();
+
+}  // namespace bridge::utils
