@@ -5,7 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if defined(BRIDGE_WITH_NCCL)
+#if defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -57,9 +57,12 @@ void run_to_completion(Start&& start, std::chrono::milliseconds timeout) {
   }
 }
 
+// Holds the concrete c10d class: its base is c10d::ProcessGroup in LibTorch 1.x but c10d::Backend in 2.x, while the
+// collective methods used here have the same signatures in both.
+template <class C10dProcessGroup>
 class C10dGroup final : public GroupBackend {
  public:
-  C10dGroup(c10::intrusive_ptr<c10d::ProcessGroup> group, std::chrono::milliseconds timeout)
+  C10dGroup(c10::intrusive_ptr<C10dProcessGroup> group, std::chrono::milliseconds timeout)
       : group_(std::move(group)), timeout_(timeout) {}
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
@@ -110,7 +113,7 @@ class C10dGroup final : public GroupBackend {
   }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<C10dProcessGroup> group_;
   std::chrono::milliseconds timeout_;
 };
 
@@ -154,11 +157,14 @@ std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezv
                                                    std::chrono::milliseconds timeout) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, rendezvous->store);
   if (backend == Backend::kNccl) {
-#if defined(BRIDGE_WITH_NCCL)
+#if defined(USE_C10D_NCCL)
+    // Without blocking wait, NCCL's wait() only orders streams and a dead peer hangs the next synchronisation.
+    setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
-    return std::make_unique<C10dGroup>(c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options),
-                                       timeout);
+    return std::make_unique<C10dGroup<c10d::ProcessGroupNCCL>>(
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options), timeout);
 #else
     throw std::invalid_argument(
         "backend 'nccl' needs LibTorch built with CUDA and NCCL; this one has neither. Use "
@@ -168,8 +174,8 @@ std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezv
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(gloo_device(rendezvous->host));
-    return std::make_unique<C10dGroup>(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options),
-                                       timeout);
+    return std::make_unique<C10dGroup<c10d::ProcessGroupGloo>>(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), timeout);
   } catch (const c10::Error& error) {
     throw std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
                              std::to_string(size) + ") failed: " + error.what_without_backtrace());
@@ -177,7 +183,7 @@ std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezv
 }
 
 bool nccl_available() {
-#if defined(BRIDGE_WITH_NCCL)
+#if defined(USE_C10D_NCCL)
   return true;
 #else
   return false;

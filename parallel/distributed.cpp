@@ -2,10 +2,12 @@
 #include "parallel/distributed.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "parallel/c10d_backend.h"
 #include "parallel/mpi_bootstrap.h"
+#include "parallel/parallel_state.h"
 #include "utils/logging.h"
 #include "utils/strings.h"
 
@@ -18,11 +20,26 @@ struct World {
   std::shared_ptr<detail::Rendezvous> rendezvous;  // null in a world of one
   std::shared_ptr<ProcessGroup> world_group;
   int generation = 0;  // distinguishes store keys of successive initialisations
+  // How often each group (name and ranks) was created in this world: a group re-created after
+  // destroy_model_parallel gets fresh store keys. Members create a group equally often, so they agree.
+  std::map<std::string, int> creations;
 };
 
 std::unique_ptr<World>& world_state() {
   static std::unique_ptr<World> world;
   return world;
+}
+
+// The rendezvous store lives as long as the process, like the job it serves: a world initialised again after
+// destroy_distributed reuses it (its keys carry the new generation). Tearing the store server down and starting a
+// new one on the same port would let a fast peer reach the old server just before it closes.
+std::shared_ptr<detail::Rendezvous> rendezvous_for(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  static std::map<std::string, std::shared_ptr<detail::Rendezvous>> stores;
+  const std::string key = env.master_addr.value_or("") + ":" + std::to_string(env.master_port.value_or(0)) + "/" +
+                          std::to_string(env.use_agent_store) + "/" + std::to_string(env.restart_count);
+  std::shared_ptr<detail::Rendezvous>& store = stores[key];
+  if (!store) store = detail::connect_rendezvous(env, timeout);
+  return store;
 }
 int g_generation = 0;
 
@@ -53,7 +70,7 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
   std::vector<int> all(static_cast<std::size_t>(world->env.world_size));
   for (int r = 0; r < world->env.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
   utils::configure_logging(world->env.rank, world->env.world_size);
-  if (world->env.world_size > 1) world->rendezvous = detail::connect_rendezvous(world->env, options.timeout);
+  if (world->env.world_size > 1) world->rendezvous = rendezvous_for(world->env, options.timeout);
   world_state() = std::move(world);
   try {
     world_state()->world_group = new_group("world", all);
@@ -67,7 +84,10 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
 
 bool is_distributed_initialized() { return world_state() != nullptr; }
 
-void destroy_distributed() { world_state().reset(); }
+void destroy_distributed() {
+  destroy_model_parallel();  // its groups use the world's store: release them first
+  world_state().reset();
+}
 
 const LaunchEnv& get_launch_env() { return require_world("get_launch_env").env; }
 int get_rank() { return require_world("get_rank").env.rank; }
@@ -88,8 +108,11 @@ std::shared_ptr<ProcessGroup> new_group(const std::string& name, const std::vect
   std::unique_ptr<detail::GroupBackend> backend;
   if (ranks.size() > 1) {
     // Identical on every member and unique per group: the store keys of different groups never collide.
+    const std::string key = name + "/" + utils::join(ranks, ",");
     const std::string prefix =
-        "bridge/" + std::to_string(world.generation) + "/" + name + "/" + utils::join(ranks, ",");
+        "bridge/" + std::to_string(world.generation) + "/" + key + "/" + std::to_string(world.creations[key]++);
+    utils::logger().debug("creating group '{}' as rank {} of {} under store prefix {}", name, rank_in_group,
+                          ranks.size(), prefix);
     backend = detail::create_group_backend(world.rendezvous, prefix, rank_in_group, static_cast<int>(ranks.size()),
                                            world.options.backend, world.options.timeout);
   }

@@ -30,7 +30,8 @@ void init_distributed(const DistributedOptions& options = {});
 void init_distributed(const LaunchEnv& env, const DistributedOptions& options);
 
 bool is_distributed_initialized();
-/// Releases every group and the store; init_distributed may be called again afterwards.
+/// Releases the model-parallel groups (destroy_model_parallel) and every other group; init_distributed may be
+/// called again afterwards. The connection to the rendezvous store is kept for the life of the process.
 void destroy_distributed();
 
 const LaunchEnv& get_launch_env();

@@ -14,7 +14,7 @@ struct State {
   RankLayout layout;
   std::shared_ptr<ProcessGroup> tensor, pipeline, data, data_with_cp, context, model, tensor_and_data, embedding,
       position_embedding;
-  int virtual_pipeline_rank = 0;
+  std::optional<int> virtual_pipeline_rank;  // set iff there is a virtual pipeline, as in Megatron
 };
 
 std::unique_ptr<State>& state() {
@@ -44,12 +44,14 @@ void initialize_model_parallel(const ParallelOptions& options) {
   s->tensor = new_group("tp", l.tensor_model_parallel);
   s->pipeline = new_group("pp", l.pipeline_model_parallel);
   s->data = new_group("dp", l.data_parallel);
-  s->data_with_cp = new_group("dp-cp", l.data_parallel_with_cp);
+  // With cp = 1 these equal the dp group and a group of one: no second Gloo mesh for the same ranks.
+  s->data_with_cp = options.context_parallel_size == 1 ? s->data : new_group("dp-cp", l.data_parallel_with_cp);
   s->context = new_group("cp", l.context_parallel);
   s->model = new_group("mp", l.model_parallel);
   s->tensor_and_data = new_group("tp-dp", l.tensor_and_data_parallel);
   if (!l.embedding.empty()) s->embedding = new_group("embd", l.embedding);
   if (!l.position_embedding.empty()) s->position_embedding = new_group("pos-embd", l.position_embedding);
+  if (options.virtual_pipeline_model_parallel_size) s->virtual_pipeline_rank = 0;
   state() = std::move(s);
 }
 
@@ -89,16 +91,15 @@ int get_pipeline_model_parallel_prev_rank() {
 }
 
 bool is_pipeline_first_stage(bool ignore_virtual) {
-  if (!ignore_virtual && get_virtual_pipeline_model_parallel_world_size() &&
-      get_virtual_pipeline_model_parallel_rank() != 0) {
-    return false;
-  }
+  const std::optional<int> chunk = get_virtual_pipeline_model_parallel_rank();
+  if (!ignore_virtual && chunk && *chunk != 0) return false;
   return get_pipeline_model_parallel_rank() == 0;
 }
 
 bool is_pipeline_last_stage(bool ignore_virtual) {
   const std::optional<int> chunks = get_virtual_pipeline_model_parallel_world_size();
-  if (!ignore_virtual && chunks && get_virtual_pipeline_model_parallel_rank() != *chunks - 1) return false;
+  const std::optional<int> chunk = get_virtual_pipeline_model_parallel_rank();
+  if (!ignore_virtual && chunks && chunk && *chunk != *chunks - 1) return false;
   return get_pipeline_model_parallel_rank() == get_pipeline_model_parallel_world_size() - 1;
 }
 
@@ -106,20 +107,29 @@ std::optional<int> get_virtual_pipeline_model_parallel_world_size() {
   return require_state("get_virtual_pipeline_model_parallel_world_size")
       .layout.options.virtual_pipeline_model_parallel_size;
 }
-int get_virtual_pipeline_model_parallel_rank() {
+std::optional<int> get_virtual_pipeline_model_parallel_rank() {
   return require_state("get_virtual_pipeline_model_parallel_rank").virtual_pipeline_rank;
 }
 void set_virtual_pipeline_model_parallel_rank(int rank) {
   State& s = require_state("set_virtual_pipeline_model_parallel_rank");
-  const int chunks = s.layout.options.virtual_pipeline_model_parallel_size.value_or(1);
-  if (rank < 0 || rank >= chunks) {
+  const std::optional<int> chunks = s.layout.options.virtual_pipeline_model_parallel_size;
+  if (!chunks) {
+    throw std::logic_error(
+        "set_virtual_pipeline_model_parallel_rank: there is no virtual pipeline; pass "
+        "virtual_pipeline_model_parallel_size to initialize_model_parallel");
+  }
+  if (rank < 0 || rank >= *chunks) {
     throw std::invalid_argument("set_virtual_pipeline_model_parallel_rank: " + std::to_string(rank) +
-                                " is not in [0, " + std::to_string(chunks) + ")");
+                                " is not in [0, " + std::to_string(*chunks) + ")");
   }
   s.virtual_pipeline_rank = rank;
 }
 
-ProcessGroup& get_data_parallel_group() { return *require_state("get_data_parallel_group").data; }
+ProcessGroup& get_data_parallel_group(bool with_context_parallel) {
+  State& s = require_state("get_data_parallel_group");
+  return with_context_parallel ? *s.data_with_cp : *s.data;
+}
+ProcessGroup& get_context_parallel_group() { return *require_state("get_context_parallel_group").context; }
 int get_data_parallel_rank() { return get_data_parallel_group().rank(); }
 int get_data_parallel_world_size() { return get_data_parallel_group().size(); }
 

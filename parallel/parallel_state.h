@@ -43,11 +43,14 @@ int get_pipeline_model_parallel_prev_rank();
 bool is_pipeline_first_stage(bool ignore_virtual = false);
 bool is_pipeline_last_stage(bool ignore_virtual = false);
 
+/// Model chunks per stage, and the chunk being run; both absent without a virtual pipeline.
 std::optional<int> get_virtual_pipeline_model_parallel_world_size();
-int get_virtual_pipeline_model_parallel_rank();
+std::optional<int> get_virtual_pipeline_model_parallel_rank();
 void set_virtual_pipeline_model_parallel_rank(int rank);
 
-ProcessGroup& get_data_parallel_group();
+/// The data-parallel group; with `with_context_parallel`, data x context parallel (gradients are reduced over it).
+ProcessGroup& get_data_parallel_group(bool with_context_parallel = false);
+ProcessGroup& get_context_parallel_group();
 int get_data_parallel_rank();
 int get_data_parallel_world_size();
 

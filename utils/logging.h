@@ -12,7 +12,8 @@
 
 namespace bridge::utils {
 
-/// Tags lines with `rank`/`world_size` and applies the per-rank level. `sink` replaces stderr (for tests).
+/// Tags lines with `rank`/`world_size` and applies the per-rank level; keeps the current sinks unless `sink` is
+/// given, which then replaces them (stderr by default).
 void configure_logging(int rank, int world_size, std::shared_ptr<spdlog::sinks::sink> sink = nullptr);
 
 /// The bridge logger. Example: bridge::utils::logger().info("step {} loss {:.3f}", step, loss);

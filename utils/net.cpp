@@ -3,10 +3,12 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -34,16 +36,18 @@ int find_free_port(const std::string& host) {
 std::string host_ipv4_address() {
   ifaddrs* interfaces = nullptr;
   if (::getifaddrs(&interfaces) != 0) return "127.0.0.1";
+  // The interface Gloo is told to use, if any, as PyTorch does.
+  const char* wanted = std::getenv("GLOO_SOCKET_IFNAME");
   std::string result = "127.0.0.1";
   for (ifaddrs* it = interfaces; it != nullptr; it = it->ifa_next) {
     if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if ((it->ifa_flags & IFF_UP) == 0 || (it->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    if (wanted != nullptr && std::string(wanted) != it->ifa_name) continue;
     char text[INET_ADDRSTRLEN] = {};
     const auto* address = reinterpret_cast<const sockaddr_in*>(it->ifa_addr);
     ::inet_ntop(AF_INET, &address->sin_addr, text, sizeof(text));
-    if (std::string(text).rfind("127.", 0) != 0) {
-      result = text;
-      break;
-    }
+    result = text;
+    break;
   }
   ::freeifaddrs(interfaces);
   return result;

@@ -8,7 +8,8 @@ namespace bridge::utils {
 /// A TCP port that was free on `host` a moment ago (bound to port 0, read back, released).
 int find_free_port(const std::string& host = "127.0.0.1");
 
-/// This host's first non-loopback IPv4 address, or "127.0.0.1" if it has none.
+/// The IPv4 address of this host's first interface that is up and not loopback (of GLOO_SOCKET_IFNAME when set),
+/// or "127.0.0.1" if there is none.
 std::string host_ipv4_address();
 
 }  // namespace bridge::utils

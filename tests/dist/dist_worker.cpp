@@ -1,16 +1,19 @@
 // One rank of a multi-process test. Launched by dist_test (as torchrun would), by mpirun or by torchrun itself.
 //
-//   dist_worker groups <tp> <pp> [timeout_ms]   initialise, build the parallel groups, and check every collective
+//   dist_worker groups <tp> <pp> [timeout_ms] [vpp]
+//                                               initialise, build the parallel groups, and check every collective
 //                                               on every group against values computed from the global ranks
+//   dist_worker reinit                          tp=2 groups, then pp=2 groups, then a new world, in one process
 //   dist_worker dead_rank [timeout_ms]          the last rank dies; every other rank must get a CommunicationError
-//   dist_worker stalled_rank [timeout_ms]       the last rank lives but skips the collective; the others must fail
-//                                               with a CommunicationError once the timeout has passed
+//   dist_worker stalled_rank [timeout_ms]       the last rank lives (for 3x the timeout) but skips the collective;
+//                                               the others must fail with a CommunicationError once it has passed
 //
 // Exit 0 on success; failures print what differed and exit 1.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -91,9 +94,8 @@ void check_group(ProcessGroup& group, const std::vector<int>& expected_members) 
   group.barrier();
 }
 
-int run_groups(int tp, int pp, std::chrono::milliseconds timeout) {
-  init_distributed({Backend::kGloo, timeout});
-  initialize_model_parallel(tp, pp);
+// Checks every group of the current model-parallel state.
+void check_all_groups(int pp) {
   const RankLayout expected = compute_rank_layout(get_world_size(), get_rank(), get_rank_layout().options);
   std::vector<int> world(static_cast<std::size_t>(get_world_size()));
   std::iota(world.begin(), world.end(), 0);
@@ -106,8 +108,27 @@ int run_groups(int tp, int pp, std::chrono::milliseconds timeout) {
   expect((get_embedding_group() != nullptr) == !expected.embedding.empty(), "embedding membership");
   if (ProcessGroup* embedding = get_embedding_group()) check_group(*embedding, expected.embedding);
   if (ProcessGroup* position = get_position_embedding_group()) check_group(*position, expected.position_embedding);
-  expect(is_pipeline_first_stage() == (get_pipeline_model_parallel_rank() == 0), "is_pipeline_first_stage");
-  expect(is_pipeline_last_stage() == (get_pipeline_model_parallel_rank() == pp - 1), "is_pipeline_last_stage");
+  const int stage = get_pipeline_model_parallel_rank();
+  if (const std::optional<int> chunks = get_virtual_pipeline_model_parallel_world_size()) {
+    for (int chunk = 0; chunk < *chunks; ++chunk) {  // first/last stage also mean first/last model chunk
+      set_virtual_pipeline_model_parallel_rank(chunk);
+      expect(is_pipeline_first_stage() == (stage == 0 && chunk == 0),
+             "is_pipeline_first_stage, chunk " + std::to_string(chunk));
+      expect(is_pipeline_last_stage() == (stage == pp - 1 && chunk == *chunks - 1),
+             "is_pipeline_last_stage, chunk " + std::to_string(chunk));
+      expect(is_pipeline_first_stage(/*ignore_virtual=*/true) == (stage == 0), "first stage ignoring chunks");
+      expect(
+          is_rank_in_embedding_group() == (!expected.embedding.empty() &&
+                                           ((stage == 0 && chunk == 0) || (stage == pp - 1 && chunk == *chunks - 1))),
+          "is_rank_in_embedding_group, chunk " + std::to_string(chunk));
+    }
+  } else {
+    expect(is_pipeline_first_stage() == (stage == 0), "is_pipeline_first_stage");
+    expect(is_pipeline_last_stage() == (stage == pp - 1), "is_pipeline_last_stage");
+  }
+}
+
+void report() {
   const LaunchEnv& env = get_launch_env();
   std::printf("rank %d of %d (%s, %s store): tp %d/%d pp %d/%d dp %d/%d: %s\n", get_rank(), get_world_size(),
               std::string(to_string(env.launcher)).c_str(),
@@ -115,7 +136,30 @@ int run_groups(int tp, int pp, std::chrono::milliseconds timeout) {
               get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size(),
               get_pipeline_model_parallel_rank(), get_pipeline_model_parallel_world_size(), get_data_parallel_rank(),
               get_data_parallel_world_size(), g_failures == 0 ? "ok" : "FAILED");
-  destroy_model_parallel();
+}
+
+int run_groups(int tp, int pp, std::chrono::milliseconds timeout, std::optional<int> vpp) {
+  init_distributed({Backend::kGloo, timeout});
+  initialize_model_parallel(tp, pp, vpp);
+  check_all_groups(pp);
+  report();
+  destroy_distributed();  // releases the model-parallel groups too
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Megatron's tests re-create the parallel state many times in one process; so does a user switching layouts.
+int run_reinit() {
+  init_distributed({Backend::kGloo, std::chrono::seconds(60)});
+  for (const auto& [tp, pp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 1}}) {
+    initialize_model_parallel(tp, pp);
+    check_all_groups(pp);
+    destroy_model_parallel();
+  }
+  destroy_distributed();
+  init_distributed({Backend::kGloo, std::chrono::seconds(60)});  // a second world in the same process
+  initialize_model_parallel(1, 1);
+  check_all_groups(1);
+  report();
   destroy_distributed();
   return g_failures == 0 ? 0 : 1;
 }
@@ -153,7 +197,7 @@ int run_stalled_rank(std::chrono::milliseconds timeout) {
   init_distributed({Backend::kGloo, timeout});
   get_world_group().barrier();
   if (get_rank() == get_world_size() - 1) {
-    std::this_thread::sleep_for(timeout * 2);  // alive, connected, but never joins the collective
+    std::this_thread::sleep_for(timeout * 3);  // alive, connected, but never joins the collective
     std::_Exit(0);
   }
   const int code = expect_failed_all_reduce();
@@ -168,8 +212,10 @@ int main(int argc, char** argv) {
     const std::string scenario = argc > 1 ? argv[1] : "";
     if (scenario == "groups" && argc >= 4) {
       const auto timeout = std::chrono::milliseconds(argc > 4 ? std::atoi(argv[4]) : 60000);
-      return run_groups(std::atoi(argv[2]), std::atoi(argv[3]), timeout);
+      const std::optional<int> vpp = argc > 5 ? std::optional<int>(std::atoi(argv[5])) : std::nullopt;
+      return run_groups(std::atoi(argv[2]), std::atoi(argv[3]), timeout, vpp);
     }
+    if (scenario == "reinit") return run_reinit();
     if (scenario == "dead_rank") {
       return run_dead_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 5000));
     }

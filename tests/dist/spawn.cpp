@@ -73,26 +73,29 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 
 void wait_all(std::vector<Child>& children, std::chrono::seconds deadline) {
   const auto start = std::chrono::steady_clock::now();
+  constexpr auto kGrace = std::chrono::seconds(5);  // between SIGTERM (lets mpirun/torchrun clean up) and SIGKILL
   std::size_t remaining = children.size();
-  bool killed = false;
+  int signals_sent = 0;
   while (remaining > 0) {
     for (Child& child : children) {
       if (child.done) continue;
       int status = 0;
-      if (::waitpid(child.pid, &status, WNOHANG) != child.pid) continue;
-      child.done = true;
+      const pid_t waited = ::waitpid(child.pid, &status, WNOHANG);
+      if (waited == 0) continue;
+      child.done = true;  // ended, or (-1) no longer ours to wait for: never spin on it
       --remaining;
       child.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (WIFEXITED(status)) child.result.exit_code = WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) child.result.signal = WTERMSIG(status);
+      if (waited == child.pid && WIFEXITED(status)) child.result.exit_code = WEXITSTATUS(status);
+      if (waited == child.pid && WIFSIGNALED(status)) child.result.signal = WTERMSIG(status);
     }
-    if (!killed && std::chrono::steady_clock::now() - start > deadline) {
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    if ((signals_sent == 0 && elapsed > deadline) || (signals_sent == 1 && elapsed > deadline + kGrace)) {
       for (Child& child : children) {
         if (child.done) continue;
         child.result.killed_at_deadline = true;
-        ::kill(-child.pid, SIGKILL);
+        ::kill(-child.pid, signals_sent == 0 ? SIGTERM : SIGKILL);
       }
-      killed = true;
+      ++signals_sent;
     }
     if (remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

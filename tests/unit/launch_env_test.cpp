@@ -93,7 +93,7 @@ TEST(LaunchEnv, MpichAndSlurm) {
   const LaunchEnv slurm = detect({{"SLURM_PROCID", "5"},
                                   {"SLURM_NTASKS", "8"},
                                   {"SLURM_LOCALID", "1"},
-                                  {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                                  {"SLURM_NTASKS_PER_NODE", "4"},
                                   {"MASTER_ADDR", "n0"},
                                   {"MASTER_PORT", "29400"}});
   EXPECT_EQ(slurm.launcher, Launcher::kSlurm);

@@ -6,6 +6,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <sstream>
 
 namespace bridge::utils {
@@ -20,7 +21,7 @@ std::string log_as(int rank, int world_size) {
   logger().info("hello {}", 42);
   logger().warn("careful");
   logger().flush();
-  configure_logging(0, 1);  // back to stderr for other tests
+  configure_logging(0, 1, std::make_shared<spdlog::sinks::ostream_sink_mt>(std::cerr));  // restore for other tests
   return out.str();
 }
 
@@ -48,6 +49,25 @@ TEST(Logging, LevelFromEnvironment) {
   unsetenv("BRIDGE_LOG_LEVEL");
   EXPECT_THAT(text, Not(HasSubstr("hello")));
   EXPECT_THAT(text, HasSubstr("careful"));
+}
+
+TEST(Logging, ReconfiguringKeepsTheSinkAndReferences) {
+  std::ostringstream out;
+  configure_logging(0, 1, std::make_shared<spdlog::sinks::ostream_sink_mt>(out));
+  spdlog::logger& before = logger();
+  configure_logging(2, 8);  // what init_distributed does: the user's sink stays
+  EXPECT_EQ(&before, &logger());
+  logger().warn("still here");
+  logger().flush();
+  EXPECT_THAT(out.str(), HasSubstr("[rank 2/8] [warning] still here"));
+  configure_logging(0, 1, std::make_shared<spdlog::sinks::ostream_sink_mt>(std::cerr));
+}
+
+TEST(Logging, UnknownLevelFallsBackToInfo) {
+  setenv("BRIDGE_LOG_LEVEL", "verbose", 1);
+  const std::string text = log_as(0, 1);
+  unsetenv("BRIDGE_LOG_LEVEL");
+  EXPECT_THAT(text, HasSubstr("hello 42"));
 }
 
 }  // namespace
