@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 
 #include "parallel/c10d_backend.h"
@@ -14,15 +15,19 @@
 namespace bridge::parallel {
 namespace {
 
+// The connection to a rendezvous store, and how often each group (name and ranks) was created over it: a group
+// created again (after destroy_model_parallel, or in a new world) gets fresh store keys. Members create a group
+// equally often, so they agree on its keys.
+struct Store {
+  std::shared_ptr<detail::Rendezvous> rendezvous;
+  std::map<std::string, int> creations;
+};
+
 struct World {
   LaunchEnv env;
   DistributedOptions options;
-  std::shared_ptr<detail::Rendezvous> rendezvous;  // null in a world of one
+  Store* store = nullptr;  // null in a world of one
   std::shared_ptr<ProcessGroup> world_group;
-  int generation = 0;  // distinguishes store keys of successive initialisations
-  // How often each group (name and ranks) was created in this world: a group re-created after
-  // destroy_model_parallel gets fresh store keys. Members create a group equally often, so they agree.
-  std::map<std::string, int> creations;
 };
 
 std::unique_ptr<World>& world_state() {
@@ -31,17 +36,16 @@ std::unique_ptr<World>& world_state() {
 }
 
 // The rendezvous store lives as long as the process, like the job it serves: a world initialised again after
-// destroy_distributed reuses it (its keys carry the new generation). Tearing the store server down and starting a
-// new one on the same port would let a fast peer reach the old server just before it closes.
-std::shared_ptr<detail::Rendezvous> rendezvous_for(const LaunchEnv& env, std::chrono::milliseconds timeout) {
-  static std::map<std::string, std::shared_ptr<detail::Rendezvous>> stores;
+// destroy_distributed reuses it. Tearing the store server down and starting a new one on the same port would let a
+// fast peer reach the old server just before it closes.
+Store& store_for(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  static std::map<std::string, Store> stores;
   const std::string key = env.master_addr.value_or("") + ":" + std::to_string(env.master_port.value_or(0)) + "/" +
                           std::to_string(env.use_agent_store) + "/" + std::to_string(env.restart_count);
-  std::shared_ptr<detail::Rendezvous>& store = stores[key];
-  if (!store) store = detail::connect_rendezvous(env, timeout);
+  Store& store = stores[key];
+  if (!store.rendezvous) store.rendezvous = detail::connect_rendezvous(env, timeout);
   return store;
 }
-int g_generation = 0;
 
 World& require_world(const char* caller) {
   if (!world_state()) {
@@ -66,11 +70,10 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
   auto world = std::make_unique<World>();
   world->env = launch_env.needs_mpi_bootstrap() ? bootstrap_rendezvous_over_mpi(launch_env) : launch_env;
   world->options = options;
-  world->generation = g_generation++;
   std::vector<int> all(static_cast<std::size_t>(world->env.world_size));
-  for (int r = 0; r < world->env.world_size; ++r) all[static_cast<std::size_t>(r)] = r;
+  std::iota(all.begin(), all.end(), 0);
   utils::configure_logging(world->env.rank, world->env.world_size);
-  if (world->env.world_size > 1) world->rendezvous = rendezvous_for(world->env, options.timeout);
+  if (world->env.world_size > 1) world->store = &store_for(world->env, options.timeout);
   world_state() = std::move(world);
   try {
     world_state()->world_group = new_group("world", all);
@@ -109,12 +112,12 @@ std::shared_ptr<ProcessGroup> new_group(const std::string& name, const std::vect
   if (ranks.size() > 1) {
     // Identical on every member and unique per group: the store keys of different groups never collide.
     const std::string key = name + "/" + utils::join(ranks, ",");
-    const std::string prefix =
-        "bridge/" + std::to_string(world.generation) + "/" + key + "/" + std::to_string(world.creations[key]++);
+    const std::string prefix = "bridge/" + key + "/" + std::to_string(world.store->creations[key]++);
     utils::logger().debug("creating group '{}' as rank {} of {} under store prefix {}", name, rank_in_group,
                           ranks.size(), prefix);
-    backend = detail::create_group_backend(world.rendezvous, prefix, rank_in_group, static_cast<int>(ranks.size()),
-                                           world.options.backend, world.options.timeout);
+    backend =
+        detail::create_group_backend(world.store->rendezvous, prefix, rank_in_group, static_cast<int>(ranks.size()),
+                                     world.options.backend, world.options.timeout);
   }
   return std::make_shared<ProcessGroup>(name, ranks, rank_in_group, world.options.backend, world.options.timeout,
                                         std::move(backend));

@@ -448,6 +448,8 @@ TEST_F(CallbackTest, ControlRequestsRecordCallbackEventAndReason) {
   EXPECT_TRUE(control.pending(ControlAction::kStop));
   EXPECT_TRUE(control.pending(ControlAction::kSave));
   EXPECT_FALSE(control.pending(ControlAction::kAbort));
+  ASSERT_EQ(control.requests().size(), 2u);  // looking does not consume
+  EXPECT_EQ(control.requests()[0].reason, "loss is NaN");
   const std::vector<ControlRequest> taken = control.take();
   ASSERT_EQ(taken.size(), 2u);
   EXPECT_EQ(taken[0].action, ControlAction::kStop);
