@@ -57,6 +57,21 @@ void run_to_completion(Start&& start, std::chrono::milliseconds timeout) {
   }
 }
 
+// A started c10d operation. wait() converts c10d's errors like run_to_completion.
+class C10dWork final : public PendingWork {
+ public:
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout)
+      : work_(std::move(work)), timeout_(timeout) {}
+  void wait() override {
+    run_to_completion([&] { return work_; }, timeout_);
+  }
+  bool is_completed() override { return work_->isCompleted(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::chrono::milliseconds timeout_;
+};
+
 // Holds the concrete c10d class: its base is c10d::ProcessGroup in LibTorch 1.x but c10d::Backend in 2.x, while the
 // collective methods used here have the same signatures in both.
 template <class C10dProcessGroup>
@@ -106,6 +121,24 @@ class C10dGroup final : public GroupBackend {
     run_to_completion([&] { return group_->recv(tensors, src, tag); }, timeout_);
   }
 
+  std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    options.timeout = timeout_;
+    return start([&] { return group_->allreduce(tensors, options); });
+  }
+
+  std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
+    std::vector<at::Tensor> tensors{tensor};
+    return start([&] { return group_->send(tensors, dst, tag); });
+  }
+
+  std::unique_ptr<PendingWork> irecv(torch::Tensor& tensor, int src, int tag) override {
+    std::vector<at::Tensor> tensors{tensor};
+    return start([&] { return group_->recv(tensors, src, tag); });
+  }
+
   void barrier() override {
     c10d::BarrierOptions options;
     options.timeout = timeout_;
@@ -113,6 +146,15 @@ class C10dGroup final : public GroupBackend {
   }
 
  private:
+  template <class Start>
+  std::unique_ptr<PendingWork> start(Start&& begin) {
+    try {
+      return std::make_unique<C10dWork>(begin(), timeout_);
+    } catch (const c10::Error& error) {
+      throw std::runtime_error(error.what_without_backtrace());
+    }
+  }
+
   c10::intrusive_ptr<C10dProcessGroup> group_;
   std::chrono::milliseconds timeout_;
 };

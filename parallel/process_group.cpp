@@ -44,6 +44,12 @@ ProcessGroup::~ProcessGroup() = default;
 
 template <class Op>
 void ProcessGroup::run(std::string_view operation, Op&& op) {
+  ++operation_count_;
+  checked(operation, std::forward<Op>(op));
+}
+
+template <class Op>
+void ProcessGroup::checked(std::string_view operation, Op&& op) {
   const auto start = std::chrono::steady_clock::now();
   try {
     op();
@@ -118,6 +124,51 @@ void ProcessGroup::recv(torch::Tensor& tensor, int peer, int tag) {
 
 void ProcessGroup::barrier() {
   if (impl_) run("barrier", [&] { impl_->barrier(); });
+}
+
+Work ProcessGroup::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
+  if (!impl_) return Work();
+  if (!tensor.is_contiguous()) {
+    throw std::invalid_argument("all_reduce_async on group '" + name_ + "': the tensor must be contiguous");
+  }
+  std::unique_ptr<detail::PendingWork> pending;
+  run("all_reduce_async", [&] { pending = impl_->all_reduce_async(tensor, op); });
+  return Work(this, "all_reduce_async", std::move(pending));
+}
+
+Work ProcessGroup::isend(const torch::Tensor& tensor, int peer, int tag) {
+  check_peer("isend", peer);
+  torch::Tensor contiguous = tensor.contiguous();
+  std::unique_ptr<detail::PendingWork> pending;
+  run("isend", [&] { pending = impl_->isend(contiguous, peer, tag); });
+  return Work(this, "isend", std::move(pending));
+}
+
+Work ProcessGroup::irecv(torch::Tensor& tensor, int peer, int tag) {
+  check_peer("irecv", peer);
+  if (!tensor.is_contiguous()) {
+    throw std::invalid_argument("irecv on group '" + name_ + "': the receive buffer must be contiguous");
+  }
+  std::unique_ptr<detail::PendingWork> pending;
+  run("irecv", [&] { pending = impl_->irecv(tensor, peer, tag); });
+  return Work(this, "irecv", std::move(pending));
+}
+
+Work::Work(ProcessGroup* group, std::string_view operation, std::unique_ptr<detail::PendingWork> impl)
+    : group_(group), operation_(operation), impl_(std::move(impl)) {}
+
+Work::~Work() = default;
+
+void Work::wait() {
+  if (!impl_) return;
+  group_->checked(operation_, [&] { impl_->wait(); });
+  impl_.reset();
+}
+
+bool Work::is_completed() { return !impl_ || impl_->is_completed(); }
+
+void wait_all(std::vector<Work>& works) {
+  for (Work& work : works) work.wait();
 }
 
 }  // namespace bridge::parallel

@@ -38,10 +38,21 @@ class CommunicationError : public std::runtime_error {
 };
 
 namespace detail {
+/// An operation a backend has started; wait() blocks until it is done and throws on failure or timeout.
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+
 /// What a backend implements; the only implementation wraps c10d (c10d_backend.cpp).
 class GroupBackend {
  public:
   virtual ~GroupBackend() = default;
+  virtual std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) = 0;
+  virtual std::unique_ptr<PendingWork> irecv(torch::Tensor& tensor, int src, int tag) = 0;
   virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
   virtual void all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) = 0;
   virtual void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) = 0;
@@ -51,6 +62,35 @@ class GroupBackend {
   virtual void barrier() = 0;
 };
 }  // namespace detail
+
+class ProcessGroup;
+
+/// An operation started by ProcessGroup::all_reduce_async, isend or irecv. Its tensor must not be read or written
+/// until wait() returns; wait() throws CommunicationError like the blocking calls. Dropping a Work without waiting is
+/// safe (the backend keeps the tensor alive) but leaves the result unspecified. The group must outlive the Work.
+class Work {
+ public:
+  Work() = default;  ///< Already complete (what groups of one return).
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&&) noexcept = default;
+  ~Work();
+
+  /// Blocks until the operation is done; a no-op once it has returned.
+  void wait();
+  /// Whether wait() would return at once (it may still throw).
+  bool is_completed();
+
+ private:
+  friend class ProcessGroup;
+  Work(ProcessGroup* group, std::string_view operation, std::unique_ptr<detail::PendingWork> impl);
+
+  ProcessGroup* group_ = nullptr;
+  std::string_view operation_;
+  std::unique_ptr<detail::PendingWork> impl_;
+};
+
+/// Waits for every operation in `works`, in order (Megatron's batch_isend_irecv followed by wait).
+void wait_all(std::vector<Work>& works);
 
 class ProcessGroup {
  public:
@@ -84,9 +124,23 @@ class ProcessGroup {
   void recv(torch::Tensor& tensor, int peer, int tag = 0);
   void barrier();
 
+  /// Starts an in-place all-reduce of contiguous `tensor` and returns at once; wait() on the result.
+  Work all_reduce_async(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// Start a send to / receive from group rank `peer` and return at once. Sends and receives between two ranks match
+  /// in the order they are started (per tag), so a pipeline may start both directions before waiting on either.
+  Work isend(const torch::Tensor& tensor, int peer, int tag = 0);
+  Work irecv(torch::Tensor& tensor, int peer, int tag = 0);
+
+  /// Operations started on this group so far (collectives and point-to-point; for tests and statistics).
+  std::uint64_t operation_count() const noexcept { return operation_count_; }
+
  private:
+  friend class Work;
+  // run() counts the operation, then runs it through checked(), which turns failures into CommunicationError.
   template <class Op>
   void run(std::string_view operation, Op&& op);
+  template <class Op>
+  void checked(std::string_view operation, Op&& op);
   void check_peer(std::string_view operation, int peer) const;
 
   std::string name_;
@@ -95,6 +149,7 @@ class ProcessGroup {
   Backend backend_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<detail::GroupBackend> impl_;  // null for a group of one
+  std::uint64_t operation_count_ = 0;
 };
 
 }  // namespace bridge::parallel

@@ -90,6 +90,24 @@ void check_group(ProcessGroup& group, const std::vector<int>& expected_members) 
       group.send(out, next);
     }
     expect(in.eq(value_of(members[static_cast<std::size_t>(prev)])).all().item<bool>(), name + " send/recv");
+
+    // Non-blocking: every rank starts both directions of the ring (and an all-reduce) before waiting on any.
+    torch::Tensor to_prev = torch::full({3}, mine, torch::kFloat64);
+    torch::Tensor from_next = torch::zeros({3}, torch::kFloat64);
+    torch::Tensor from_prev = torch::zeros({5}, torch::kFloat64);
+    torch::Tensor reduced = torch::full({7}, mine, torch::kFloat64);
+    const std::uint64_t before = group.operation_count();
+    std::vector<Work> works;
+    works.push_back(group.isend(out, next));
+    works.push_back(group.isend(to_prev, prev));
+    works.push_back(group.irecv(from_prev, prev));
+    works.push_back(group.irecv(from_next, next));
+    works.push_back(group.all_reduce_async(reduced));
+    wait_all(works);
+    expect(group.operation_count() == before + 5, name + " operation_count counts started operations");
+    expect(from_prev.eq(value_of(members[static_cast<std::size_t>(prev)])).all().item<bool>(), name + " irecv prev");
+    expect(from_next.eq(value_of(members[static_cast<std::size_t>(next)])).all().item<bool>(), name + " irecv next");
+    expect(reduced.eq(sum).all().item<bool>(), name + " all_reduce_async");
   }
   group.barrier();
 }
