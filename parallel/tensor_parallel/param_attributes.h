@@ -1,0 +1,29 @@
+// Per-parameter model-parallel attributes. Megatron sets Python attributes on parameters (tensor_model_parallel,
+// partition_dim, partition_stride, shared_embedding); C++ tensors have no such slots, so a registry keyed by the
+// parameter's TensorImpl keeps them. The grad norm, checkpointing and the optimizer read them back.
+//
+// The key is the TensorImpl: `param`, copies of it and `module->parameters()` share it, but `param.detach()`,
+// `param.data()` and `param.clone()` are new tensors without attributes. An entry dies with its tensor.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace bridge::parallel::tensor_parallel {
+
+struct ParamAttributes {
+  bool tensor_model_parallel = false;  ///< sharded across the tensor-parallel group
+  int64_t partition_dim = -1;          ///< the sharded dimension, -1 if replicated
+  int64_t partition_stride = 1;        ///< Megatron's stride: chunks per rank interleaved along partition_dim
+  bool shared_embedding = false;       ///< the last pipeline stage's copy of the tied word embedding
+};
+
+void set_param_attributes(const torch::Tensor& param, ParamAttributes attributes);
+/// The attributes set on `param`, or defaults (replicated, not shared) if none were.
+ParamAttributes get_param_attributes(const torch::Tensor& param);
+/// A replica of a replicated parameter on a tensor-parallel rank other than 0: counted once by the grad norm.
+bool param_is_tensor_parallel_duplicate(const torch::Tensor& param);
+bool param_is_not_shared(const torch::Tensor& param);
+
+}  // namespace bridge::parallel::tensor_parallel

@@ -1,0 +1,124 @@
+// The RNG tracker: named generator states swapped into the default generators for the lifetime of a ForkGuard.
+// Generator mutexes are held while a state is read or replaced, as torch.set_rng_state does.
+#include "parallel/tensor_parallel/random.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <stdexcept>
+#include <utility>
+
+#include "parallel/parallel_state.h"
+
+namespace bridge::parallel::tensor_parallel {
+namespace {
+
+constexpr char kCudaSuffix[] = "@cuda";
+
+bool has_cuda() { return torch::cuda::is_available(); }
+
+at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+at::Generator cuda_generator() { return at::detail::getCUDAHooks().getDefaultCUDAGenerator(); }
+
+torch::Tensor swap_state(at::Generator generator, const torch::Tensor& new_state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  torch::Tensor old_state = generator.get_state();
+  generator.set_state(new_state);
+  return old_state;
+}
+
+}  // namespace
+
+RngStatesTracker::ForkGuard::ForkGuard(RngStatesTracker& tracker, std::string name)
+    : tracker_(tracker), name_(std::move(name)) {
+  std::lock_guard<std::mutex> lock(tracker_.mutex_);
+  const auto found = tracker_.states_.find(name_);
+  if (found == tracker_.states_.end()) {
+    throw std::invalid_argument("RngStatesTracker::fork: no RNG stream named '" + name_ +
+                                "'; add it first (model_parallel_manual_seed adds '" + kModelParallelRngTrackerName +
+                                "')");
+  }
+  if (tracker_.forked_.count(name_) != 0) {
+    throw std::logic_error("RngStatesTracker::fork: the RNG stream '" + name_ +
+                           "' is already forked; end the outer fork before forking it again");
+  }
+  saved_cpu_ = swap_state(cpu_generator(), found->second);
+  const auto cuda = tracker_.states_.find(name_ + kCudaSuffix);
+  if (cuda != tracker_.states_.end() && has_cuda()) saved_cuda_ = swap_state(cuda_generator(), cuda->second);
+  tracker_.forked_.insert(name_);
+}
+
+RngStatesTracker::ForkGuard::~ForkGuard() {
+  std::lock_guard<std::mutex> lock(tracker_.mutex_);
+  // Stored back even if the stream was reset meanwhile: set_states/reset while forked is the caller's choice.
+  tracker_.states_[name_] = swap_state(cpu_generator(), saved_cpu_);
+  if (saved_cuda_.defined()) tracker_.states_[name_ + kCudaSuffix] = swap_state(cuda_generator(), saved_cuda_);
+  tracker_.forked_.erase(name_);
+}
+
+void RngStatesTracker::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  states_.clear();
+  seeds_.clear();
+}
+
+void RngStatesTracker::add(const std::string& name, uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (name.empty() || name.find(kCudaSuffix) != std::string::npos) {
+    throw std::invalid_argument("RngStatesTracker::add: name '" + name + "' must be non-empty and not contain '" +
+                                kCudaSuffix + "'");
+  }
+  if (states_.count(name) != 0) {
+    throw std::invalid_argument("RngStatesTracker::add: an RNG stream named '" + name + "' already exists");
+  }
+  if (seeds_.count(seed) != 0) {
+    throw std::invalid_argument("RngStatesTracker::add: seed " + std::to_string(seed) +
+                                " is already used by another stream (for '" + name + "')");
+  }
+  // A fresh generator seeded with `seed` is in the state the default one would be in after manual_seed(seed).
+  states_[name] = at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
+  if (has_cuda()) {
+    at::Generator generator = cuda_generator();
+    std::lock_guard<std::mutex> generator_lock(generator.mutex());
+    const torch::Tensor original = generator.get_state();
+    generator.set_current_seed(seed);
+    states_[name + kCudaSuffix] = generator.get_state();
+    generator.set_state(original);
+  }
+  seeds_.insert(seed);
+}
+
+bool RngStatesTracker::has(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return states_.count(name) != 0;
+}
+
+std::map<std::string, torch::Tensor> RngStatesTracker::get_states() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, torch::Tensor> states;
+  for (const auto& [name, state] : states_) states.emplace(name, state.clone());
+  return states;
+}
+
+void RngStatesTracker::set_states(const std::map<std::string, torch::Tensor>& states) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  states_.clear();
+  for (const auto& [name, state] : states) states_.emplace(name, state.clone());
+}
+
+RngStatesTracker::ForkGuard RngStatesTracker::fork(const std::string& name) { return ForkGuard(*this, name); }
+
+RngStatesTracker& get_rng_tracker() {
+  static RngStatesTracker tracker;
+  return tracker;
+}
+
+void model_parallel_manual_seed(uint64_t seed) {
+  const int tp_rank = get_tensor_model_parallel_rank();
+  torch::manual_seed(seed);
+  RngStatesTracker& tracker = get_rng_tracker();
+  tracker.reset();
+  tracker.add(kModelParallelRngTrackerName, seed + 2718 + static_cast<uint64_t>(tp_rank));
+}
+
+}  // namespace bridge::parallel::tensor_parallel
