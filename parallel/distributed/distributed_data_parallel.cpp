@@ -1,0 +1,348 @@
+// DistributedDataParallel: grad buffers, buckets, and the grad-accumulator post hooks that start each bucket's
+// all-reduce once its grads are final. LibTorch's AccumulateGrad adds a new gradient into a defined .grad in place
+// when grad mode is off (every first-order backward), so a .grad that is a view into the buffer keeps receiving the
+// gradients; a hook on the same accumulator then knows the parameter's gradient for this backward is complete (the
+// approach of PyTorch's C++ Reducer).
+#include "parallel/distributed/distributed_data_parallel.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "parallel/parallel_state.h"
+
+namespace bridge::parallel::distributed {
+namespace {
+
+struct ParamSlot {
+  torch::Tensor param;
+  torch::Tensor grad;  // the view into the grad buffer that param.grad() should be
+  int64_t bucket = -1;
+  bool reported = false;                               // its grad is final in the current grad sync
+  std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive so the hook stays registered across graphs
+  uintptr_t hook_key = 0;
+};
+
+struct Bucket {
+  torch::Tensor data;         // a contiguous slice of one grad buffer
+  int64_t hooked_params = 0;  // params of this bucket whose accumulator carries our hook
+  int64_t pending = 0;        // hooked params not yet reported in the current grad sync
+  bool started = false;
+  Work work;
+};
+
+std::string describe_param(std::size_t index, const torch::Tensor& param) {
+  return "parameter #" + std::to_string(index) + " (shape " + c10::str(param.sizes()) + ")";
+}
+
+}  // namespace
+
+struct DistributedDataParallel::Impl {
+  Impl(std::shared_ptr<torch::nn::Module> wrapped, DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void build_buffers();
+  void register_hooks();
+  void on_grad_ready(std::size_t index);
+  void reattach_grad(ParamSlot& slot);
+  void start_ready_buckets();
+  void start_bucket(Bucket& bucket, bool in_backward);
+  void wait_started();
+  void reset_sync_state();
+
+  std::shared_ptr<torch::nn::Module> module;
+  DistributedDataParallelConfig config;
+  ProcessGroup* group;
+  std::vector<torch::Tensor> params;
+  std::vector<ParamSlot> slots;
+  std::vector<torch::Tensor> buffers;
+  std::vector<Bucket> buckets;
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
+  bool grad_sync = true;
+  std::size_t next_to_start = 0;  // buckets start strictly in order, the same on every rank
+  int64_t started = 0;
+  int64_t started_in_backward = 0;
+  int64_t last_started_in_backward = 0;
+  std::mutex mutex;
+};
+
+namespace {
+
+class GradReadyHook final : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(DistributedDataParallel::Impl* impl, std::size_t index) : impl_(impl), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    impl_->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  DistributedDataParallel::Impl* impl_;
+  std::size_t index_;
+};
+
+}  // namespace
+
+DistributedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> wrapped,
+                                    DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group)
+    : module(std::move(wrapped)), config(ddp_config), group(dp_group) {
+  if (!module) throw std::invalid_argument("DistributedDataParallel: the module is null; pass the model chunk to wrap");
+  if (config.bucket_size < 0) {
+    throw std::invalid_argument(
+        "DistributedDataParallelConfig.bucket_size must be >= 0 (0 = Megatron's default), got " +
+        std::to_string(config.bucket_size));
+  }
+  if (group == nullptr) group = &get_data_parallel_group(/*with_context_parallel=*/true);
+  for (const torch::Tensor& param : module->parameters()) {
+    if (!param.requires_grad() || index_of.count(param.unsafeGetTensorImpl()) != 0) continue;  // frozen or shared
+    index_of.emplace(param.unsafeGetTensorImpl(), params.size());
+    params.push_back(param);
+  }
+  build_buffers();
+  register_hooks();
+  reset_sync_state();
+}
+
+DistributedDataParallel::Impl::~Impl() {
+  for (ParamSlot& slot : slots) {
+    if (slot.accumulator) slot.accumulator->del_post_hook(slot.hook_key);
+  }
+  for (Bucket& bucket : buckets) {
+    try {
+      bucket.work.wait();
+    } catch (...) {  // a destructor must not throw; the failure was or will be reported by the peers' errors
+    }
+  }
+}
+
+void DistributedDataParallel::Impl::build_buffers() {
+  // One buffer per (dtype, device), params in reverse order: the order backward produces their grads.
+  struct Group {
+    torch::TensorOptions options;
+    std::vector<std::size_t> members;
+  };
+  std::vector<Group> groups;
+  for (std::size_t i = params.size(); i-- > 0;) {
+    const torch::Tensor& param = params[i];
+    auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+      return g.options.dtype() == param.dtype() && g.options.device() == param.device();
+    });
+    if (found == groups.end()) {
+      groups.push_back({torch::TensorOptions().dtype(param.dtype()).device(param.device()), {}});
+      found = std::prev(groups.end());
+    }
+    found->members.push_back(i);
+  }
+
+  const int64_t bucket_size =
+      config.bucket_size > 0 ? config.bucket_size : std::max<int64_t>(40'000'000, int64_t{1'000'000} * group->size());
+  slots.resize(params.size());
+  torch::NoGradGuard no_grad;
+  for (const Group& g : groups) {
+    int64_t total = 0;
+    for (std::size_t i : g.members) total += params[i].numel();
+    torch::Tensor buffer = torch::zeros({total}, g.options);
+    int64_t offset = 0;
+    int64_t bucket_start = 0;
+    auto close_bucket = [&] {
+      Bucket bucket;
+      bucket.data = buffer.narrow(0, bucket_start, offset - bucket_start);
+      buckets.push_back(std::move(bucket));
+      bucket_start = offset;
+    };
+    for (std::size_t member = 0; member < g.members.size(); ++member) {
+      const std::size_t i = g.members[member];
+      ParamSlot& slot = slots[i];
+      slot.param = params[i];
+      const int64_t numel = params[i].numel();
+      slot.grad = buffer.narrow(0, offset, numel).view(params[i].sizes());
+      slot.bucket = static_cast<int64_t>(buckets.size());
+      if (params[i].grad().defined()) slot.grad.copy_(params[i].grad());  // keep what was accumulated before wrapping
+      params[i].mutable_grad() = slot.grad;
+      offset += numel;
+      // As Megatron: a param is never split; a bucket closes once it reaches bucket_size. Without overlap one bucket.
+      const bool last = member + 1 == g.members.size();
+      if (last || (config.overlap_grad_reduce && offset - bucket_start >= bucket_size)) close_bucket();
+    }
+    buffers.push_back(std::move(buffer));
+  }
+}
+
+void DistributedDataParallel::Impl::register_hooks() {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    ParamSlot& slot = slots[i];
+    // A leaf that requires grad always has an accumulator; without one (not a leaf) the bucket waits for
+    // finish_grad_sync instead of the hook.
+    slot.accumulator = torch::autograd::impl::grad_accumulator(slot.param);
+    if (!slot.accumulator) continue;
+    slot.hook_key = slot.accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, i));
+    ++buckets[static_cast<std::size_t>(slot.bucket)].hooked_params;
+  }
+}
+
+void DistributedDataParallel::Impl::on_grad_ready(std::size_t index) {
+  std::lock_guard<std::mutex> lock(mutex);
+  ParamSlot& slot = slots[index];
+  reattach_grad(slot);
+  // Without overlap nothing starts before finish_grad_sync, so extra backward passes only accumulate (as Megatron).
+  if (!grad_sync || !config.overlap_grad_reduce) return;
+  if (slot.reported) {
+    throw std::logic_error("DistributedDataParallel: the grad of " + describe_param(index, slot.param) +
+                           " was completed twice in one grad sync, after its bucket may have been reduced. Call "
+                           "set_grad_sync(false) before every micro-batch's backward but the last one's, and "
+                           "finish_grad_sync() before the next step");
+  }
+  slot.reported = true;
+  Bucket& bucket = buckets[static_cast<std::size_t>(slot.bucket)];
+  if (--bucket.pending == 0) start_ready_buckets();
+}
+
+void DistributedDataParallel::Impl::reattach_grad(ParamSlot& slot) {
+  torch::Tensor& grad = slot.param.mutable_grad();
+  if (grad.is_same(slot.grad)) return;
+  // The grad was replaced (zero_grad(set_to_none), a double-backward graph, an assignment): it holds the whole
+  // accumulated value (none means zero), so move it into the buffer and re-attach the view.
+  torch::NoGradGuard no_grad;
+  if (grad.defined()) {
+    slot.grad.copy_(grad);
+  } else {
+    slot.grad.zero_();
+  }
+  grad = slot.grad;
+}
+
+void DistributedDataParallel::Impl::start_ready_buckets() {
+  while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
+    start_bucket(buckets[next_to_start], /*in_backward=*/true);
+    ++next_to_start;
+  }
+}
+
+void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backward) {
+  if (group->size() > 1) {
+    torch::NoGradGuard no_grad;
+    if (!config.average_in_collective) bucket.data.mul_(1.0 / group->size());
+    bucket.work = group->all_reduce_async(bucket.data, ReduceOp::kSum);
+  }
+  bucket.started = true;
+  ++started;
+  if (in_backward) ++started_in_backward;
+}
+
+void DistributedDataParallel::Impl::wait_started() {
+  for (Bucket& bucket : buckets) {
+    if (bucket.started) bucket.work.wait();
+  }
+}
+
+void DistributedDataParallel::Impl::reset_sync_state() {
+  for (ParamSlot& slot : slots) slot.reported = false;
+  for (Bucket& bucket : buckets) {
+    bucket.pending = bucket.hooked_params;
+    bucket.started = false;
+  }
+  next_to_start = 0;
+  started = 0;
+  started_in_backward = 0;
+}
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 DistributedDataParallelConfig config,
+                                                 ProcessGroup* data_parallel_group)
+    : impl_(std::make_unique<Impl>(std::move(module), config, data_parallel_group)) {}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
+DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParallel&&) noexcept = default;
+
+torch::nn::Module& DistributedDataParallel::module() { return *impl_->module; }
+const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module_ptr() const { return impl_->module; }
+const DistributedDataParallelConfig& DistributedDataParallel::config() const { return impl_->config; }
+
+void DistributedDataParallel::zero_grad_buffer() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->wait_started();  // a reduction still writing into the buffer would overwrite the zeros
+  impl_->reset_sync_state();
+  torch::NoGradGuard no_grad;
+  for (torch::Tensor& buffer : impl_->buffers) buffer.zero_();
+  for (ParamSlot& slot : impl_->slots) {
+    if (!slot.param.grad().is_same(slot.grad)) slot.param.mutable_grad() = slot.grad;  // zero, whatever it held
+  }
+}
+
+void DistributedDataParallel::set_grad_sync(bool enabled) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->grad_sync = enabled;
+}
+
+bool DistributedDataParallel::grad_sync_enabled() const { return impl_->grad_sync; }
+
+void DistributedDataParallel::finish_grad_sync() {
+  Impl& impl = *impl_;
+  std::lock_guard<std::mutex> lock(impl.mutex);
+  // Params the backward did not reach still need their grad in the buffer before it is reduced.
+  for (ParamSlot& slot : impl.slots) impl.reattach_grad(slot);
+  try {
+    for (; impl.next_to_start < impl.buckets.size(); ++impl.next_to_start) {
+      impl.start_bucket(impl.buckets[impl.next_to_start], /*in_backward=*/false);
+    }
+    impl.wait_started();
+  } catch (...) {
+    impl.reset_sync_state();
+    throw;
+  }
+  if (impl.config.average_in_collective && impl.group->size() > 1) {
+    torch::NoGradGuard no_grad;
+    for (Bucket& bucket : impl.buckets) bucket.data.div_(impl.group->size());
+  }
+  impl.last_started_in_backward = impl.started_in_backward;
+  impl.reset_sync_state();
+}
+
+void DistributedDataParallel::broadcast_params() {
+  if (impl_->group->size() == 1) return;
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& param : impl_->params) {
+    torch::Tensor data = param.detach();  // shares storage; the collective writes it in place
+    if (data.is_contiguous()) {
+      impl_->group->broadcast(data, 0);
+    } else {
+      torch::Tensor contiguous = data.contiguous();
+      impl_->group->broadcast(contiguous, 0);
+      data.copy_(contiguous);
+    }
+  }
+}
+
+const std::vector<torch::Tensor>& DistributedDataParallel::params() const { return impl_->params; }
+std::vector<torch::Tensor> DistributedDataParallel::grad_buffers() const { return impl_->buffers; }
+int64_t DistributedDataParallel::num_buckets() const { return static_cast<int64_t>(impl_->buckets.size()); }
+
+int64_t DistributedDataParallel::bucket_of(const torch::Tensor& param) const {
+  if (!param.defined()) return -1;
+  const auto found = impl_->index_of.find(param.unsafeGetTensorImpl());
+  return found == impl_->index_of.end() ? -1 : impl_->slots[found->second].bucket;
+}
+
+int64_t DistributedDataParallel::bucket_numel(int64_t index) const {
+  if (index < 0 || index >= num_buckets()) {
+    throw std::out_of_range("DistributedDataParallel::bucket_numel: bucket " + std::to_string(index) +
+                            " does not exist; there are " + std::to_string(num_buckets()));
+  }
+  return impl_->buckets[static_cast<std::size_t>(index)].data.numel();
+}
+
+int64_t DistributedDataParallel::buckets_started() const { return impl_->started; }
+int64_t DistributedDataParallel::buckets_started_in_backward() const { return impl_->last_started_in_backward; }
+
+}  // namespace bridge::parallel::distributed

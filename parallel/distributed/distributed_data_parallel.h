@@ -1,0 +1,85 @@
+// Megatron-Core's DistributedDataParallel: the gradients of a model chunk live in one contiguous buffer per dtype,
+// laid out in backward order and cut into buckets; on the last micro-batch each bucket's all-reduce starts as soon as
+// all its gradients are final, so communication overlaps the rest of the backward pass.
+//
+//   DistributedDataParallel ddp(model);          // model: std::shared_ptr<torch::nn::Module>
+//   ddp.zero_grad_buffer();                       // every step, instead of optimizer.zero_grad()
+//   for (int m = 0; m < num_micro_batches; ++m) {
+//     ddp.set_grad_sync(m == num_micro_batches - 1);
+//     loss(m).backward();
+//   }
+//   ddp.finish_grad_sync();                       // grads now data-parallel averaged
+//   optimizer.step();
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "parallel/process_group.h"
+
+namespace bridge::parallel::distributed {
+
+struct DistributedDataParallelConfig {
+  bool overlap_grad_reduce = true;  ///< start each bucket's all-reduce during the last micro-batch's backward
+  bool average_in_collective =
+      false;  ///< false: pre-scale grads by 1/dp then sum (Megatron's default; Gloo has no AVG)
+  /// Elements per bucket; 0 = Megatron's default max(40'000'000, 1'000'000 * dp). As in Megatron, without overlap
+  /// every buffer is a single bucket (nothing is gained by splitting a reduction that starts after backward).
+  int64_t bucket_size = 0;
+};
+
+class DistributedDataParallel {
+ public:
+  /// Wraps one model chunk; grads of its parameters (those with requires_grad) become views into one contiguous buffer
+  /// per dtype, laid out in reverse parameter order (backward order) and cut into buckets. `data_parallel_group`
+  /// defaults to parallel_state's data-parallel group (with context parallel) and must outlive this object.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DistributedDataParallelConfig config = {},
+                          ProcessGroup* data_parallel_group = nullptr);
+  ~DistributedDataParallel();
+  DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  torch::nn::Module& module();
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const;
+  const DistributedDataParallelConfig& config() const;
+
+  /// Zeroes the grad buffer (call at the start of every step instead of optimizer.zero_grad(), which would detach the
+  /// views; LibTorch 2.x zero_grad defaults to set_to_none). Waits for reductions still in flight and re-attaches
+  /// any grad that was replaced.
+  void zero_grad_buffer();
+  /// false = accumulate only (micro-batches before the last); true (the default) = this is the last micro-batch:
+  /// buckets reduce as their grads become final.
+  void set_grad_sync(bool enabled);
+  bool grad_sync_enabled() const;
+  /// Starts every bucket not started yet (overlap off, or params that got no grad), then waits for all; after it the
+  /// grads are reduced and scaled.
+  void finish_grad_sync();
+  /// Copies data-parallel rank 0's parameters to every rank (Megatron's broadcast_params).
+  void broadcast_params();
+
+  /// The wrapped parameters that take part (requires_grad), in the module's order.
+  const std::vector<torch::Tensor>& params() const;
+  /// One flat buffer per (dtype, device); every param's grad is a view into one of them.
+  std::vector<torch::Tensor> grad_buffers() const;
+  int64_t num_buckets() const;
+  /// The bucket holding `param`'s grad, or -1 if `param` is not one of params().
+  int64_t bucket_of(const torch::Tensor& param) const;
+  /// Elements in bucket `index`.
+  int64_t bucket_numel(int64_t index) const;
+  /// Buckets whose reduction has started since the last finish_grad_sync or zero_grad_buffer.
+  int64_t buckets_started() const;
+  /// How many buckets the most recent finish_grad_sync found already started by the backward pass.
+  int64_t buckets_started_in_backward() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace bridge::parallel::distributed

@@ -1,0 +1,20 @@
+// Megatron's finalize_model_grads: the step between the last backward and the optimizer that makes every gradient
+// final (data-parallel reduced, and equal on both copies of a tied word embedding).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "parallel/distributed/distributed_data_parallel.h"
+
+namespace bridge::parallel::distributed {
+
+/// Megatron's finalize_model_grads: finish_grad_sync on every chunk, then all-reduce (sum) the word-embedding grads
+/// over the embedding group (first and last pipeline stage) so both tied copies take the same update.
+/// `embedding_weights` are this rank's word-embedding weights in that group (the first stage's input embedding, the
+/// last stage's output-layer copy); empty on ranks outside it. With pp == 1 nothing is reduced.
+void finalize_model_grads(std::vector<DistributedDataParallel*> chunks,
+                          const std::vector<torch::Tensor>& embedding_weights);
+
+}  // namespace bridge::parallel::distributed

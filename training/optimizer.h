@@ -1,0 +1,34 @@
+// The optimizer Megatron builds: Adam with decoupled weight decay (AdamW) or SGD with momentum, over two parameter
+// groups, weight decay on matrices and none on biases and norm weights.
+//
+//   OptimizerConfig config;
+//   config.lr = 3e-4;
+//   auto optimizer = build_optimizer(config, model->parameters());
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bridge::training {
+
+struct OptimizerConfig {
+  std::string optimizer = "adam";  ///< "adam" (decoupled weight decay, i.e. AdamW, as Megatron's fused Adam) or "sgd"
+  double lr = 1e-4;                ///< peak learning rate
+  double min_lr = 0.0;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double sgd_momentum = 0.9;
+  double clip_grad = 1.0;  ///< global gradient-norm clip; 0 disables
+  /// Throws std::invalid_argument naming the field ("optimizer.lr must be > 0, got -1") and the fix.
+  void validate() const;
+};
+
+/// Two parameter groups as Megatron: weight decay on matrices, none on biases and norm weights (every 1-D param).
+/// Params that do not require grad are left out; the decayed group comes first, and an empty group is omitted.
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& config,
+                                                         const std::vector<torch::Tensor>& params);
+
+}  // namespace bridge::training
