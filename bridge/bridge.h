@@ -1,5 +1,7 @@
 // The public umbrella header: `#include <bridge/bridge.h>` gives a user everything bridge offers.
 #pragma once
 
+#include "bridge/models/gpt_model.h"
 #include "training/callbacks.h"
 #include "training/optimizer_param_scheduler.h"
+#include "training/pretrain.h"

@@ -11,21 +11,30 @@ CallbackError::CallbackError(std::string callback, Event event, const std::strin
       callback_(std::move(callback)),
       event_(event) {}
 
-void CallbackManager::add(const std::shared_ptr<Callback>& callback) {
+void CallbackManager::add(const std::shared_ptr<Callback>& callback, RankFilter ranks) {
   if (!callback) throw std::invalid_argument("CallbackManager::add: the callback is null; pass a constructed object.");
   const std::string name = callback->name();
   for (Event event : all_events()) {
     if (!callback->overrides(event)) continue;
     registry_[index(event)].push_back(
-        std::make_unique<const Registration>(Registration{name, callback, Callback::method_for(event), {}}));
+        std::make_unique<const Registration>(Registration{name, callback, Callback::method_for(event), {}, ranks}));
   }
 }
 
-void CallbackManager::add(const std::vector<std::shared_ptr<Callback>>& callbacks) {
-  for (const std::shared_ptr<Callback>& callback : callbacks) add(callback);
+void CallbackManager::add(const std::vector<std::shared_ptr<Callback>>& callbacks, RankFilter ranks) {
+  for (const std::shared_ptr<Callback>& callback : callbacks) add(callback, ranks);
 }
 
-void CallbackManager::register_callback(Event event, CallbackFn fn, std::string name) {
+void CallbackManager::set_rank(int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw std::invalid_argument("CallbackManager::set_rank: rank " + std::to_string(rank) + " is not in [0, " +
+                                std::to_string(world_size) + ")");
+  }
+  rank_ = rank;
+  world_size_ = world_size;
+}
+
+void CallbackManager::register_callback(Event event, CallbackFn fn, std::string name, RankFilter ranks) {
   if (!fn) {
     throw std::invalid_argument("CallbackManager::register_callback: the function for " +
                                 std::string(to_string(event)) + " is empty; pass a callable.");
@@ -33,11 +42,11 @@ void CallbackManager::register_callback(Event event, CallbackFn fn, std::string 
   ++num_functions_;
   if (name.empty()) name = "function#" + std::to_string(num_functions_);
   registry_[index(event)].push_back(
-      std::make_unique<const Registration>(Registration{std::move(name), nullptr, nullptr, std::move(fn)}));
+      std::make_unique<const Registration>(Registration{std::move(name), nullptr, nullptr, std::move(fn), ranks}));
 }
 
-void CallbackManager::register_callback(std::string_view event, CallbackFn fn, std::string name) {
-  register_callback(event_from_name(event), std::move(fn), std::move(name));
+void CallbackManager::register_callback(std::string_view event, CallbackFn fn, std::string name, RankFilter ranks) {
+  register_callback(event_from_name(event), std::move(fn), std::move(name), ranks);
 }
 
 std::vector<RegisteredCallback> CallbackManager::list_callbacks(Event event) const {
@@ -98,6 +107,7 @@ void CallbackManager::fire(Event event, CallbackContext& ctx) {
   FireScope scope(ctx, event, control_);
   for (std::size_t i = 0; i < count; ++i) {
     const Registration& registration = *registrations[i];
+    if (!runs_here(registration.ranks)) continue;
     ctx.callback_name_ = &registration.name;
     try {
       if (registration.object) {

@@ -46,6 +46,10 @@ class CallbackError : public std::runtime_error {
   Event event_;
 };
 
+/// The ranks a registration runs on. Callbacks run on every rank by default; kFirst and kLast limit one to rank 0
+/// (where Megatron logs) or to the last rank (which holds the losses in a pipeline).
+enum class RankFilter : std::uint8_t { kAll, kFirst, kLast };
+
 /// One registered callback, as list_callbacks() reports it.
 struct RegisteredCallback {
   std::string name;
@@ -60,14 +64,19 @@ class CallbackManager {
 
   /// Registers the handlers that `callback`'s class overrides, also when it is held through a base pointer. Adding
   /// the same object twice registers it twice.
-  void add(const std::shared_ptr<Callback>& callback);
+  void add(const std::shared_ptr<Callback>& callback, RankFilter ranks = RankFilter::kAll);
   /// Registers each callback in list order.
-  void add(const std::vector<std::shared_ptr<Callback>>& callbacks);
+  void add(const std::vector<std::shared_ptr<Callback>>& callbacks, RankFilter ranks = RankFilter::kAll);
 
   /// Registers `fn` for `event`; `name` appears in errors (default "function#<n>").
-  void register_callback(Event event, CallbackFn fn, std::string name = {});
+  void register_callback(Event event, CallbackFn fn, std::string name = {}, RankFilter ranks = RankFilter::kAll);
   /// As above; an unknown name throws std::invalid_argument ("Unknown event '<name>'. Valid events: ...").
-  void register_callback(std::string_view event, CallbackFn fn, std::string name = {});
+  void register_callback(std::string_view event, CallbackFn fn, std::string name = {},
+                         RankFilter ranks = RankFilter::kAll);
+
+  /// This process's rank in the job, for RankFilter (pretrain() sets it; until then rank 0 of 1, where every
+  /// filter passes).
+  void set_rank(int rank, int world_size);
 
   /// The valid event names.
   const std::set<std::string, std::less<>>& events() const { return valid_events(); }
@@ -100,7 +109,11 @@ class CallbackManager {
     std::shared_ptr<Callback> object;  // class style: object->*method
     Callback::Method method = nullptr;
     CallbackFn fn;  // function style
+    RankFilter ranks = RankFilter::kAll;
   };
+  bool runs_here(RankFilter ranks) const noexcept {
+    return ranks == RankFilter::kAll || (ranks == RankFilter::kFirst ? rank_ == 0 : rank_ == world_size_ - 1);
+  }
 
   static constexpr std::size_t index(Event event) noexcept { return static_cast<std::size_t>(event); }
   [[noreturn]] static void rethrow_wrapped(const Registration& registration, Event event);
@@ -111,6 +124,8 @@ class CallbackManager {
   std::size_t num_functions_ = 0;
   UserState user_state_;
   TrainingControl control_;
+  int rank_ = 0;
+  int world_size_ = 1;
 };
 
 /// Megatron-Bridge's normalize_callbacks: nothing (nullptr) stays nothing, a manager is returned as is, and a list of

@@ -32,8 +32,8 @@ enum class Event : std::uint8_t {
   kTestEnd,
   kCheckpointSave,  ///< After a checkpoint is fully written.
   // Extensions.
-  kForwardStart,        ///< Per micro-batch and model chunk, before its forward pass.
-  kForwardEnd,          ///< Per micro-batch and model chunk, with its output.
+  kForwardStart,        ///< Per micro-batch and model chunk of a training step, before its forward pass.
+  kForwardEnd,          ///< Per micro-batch and model chunk of a training step, with its output.
   kBackwardStart,       ///< Per micro-batch and model chunk, before its backward pass.
   kBackwardEnd,         ///< Per micro-batch and model chunk, after its backward pass.
   kOptimizerStepStart,  ///< Gradients final, reduced and clipped, before the update; grad_norm is set.

@@ -1,5 +1,5 @@
 // The training state that callbacks observe: Megatron-Bridge's GlobalState and TrainState, reduced to what the
-// callback core needs. The pretraining loop adds the config, timers and writers when it lands.
+// callback core and the pretraining loop need.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +19,13 @@ struct TrainState {
   bool do_test = false;
 };
 
+struct ConfigContainer;
+
 /// Everything the loop owns and callbacks may look at.
 struct GlobalState {
   TrainState train_state;
+  /// The run's validated configuration (set by pretrain(); include "training/config.h" to read it).
+  const ConfigContainer* cfg = nullptr;
 };
 
 }  // namespace bridge::training

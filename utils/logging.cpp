@@ -68,4 +68,13 @@ spdlog::logger& logger() {
   return instance();
 }
 
+void log_info_on_this_rank(const std::string& message) {
+  spdlog::logger& target = logger();
+  const spdlog::details::log_msg line(target.name(), spdlog::level::info, message);
+  for (const auto& sink : target.sinks()) {
+    if (sink->should_log(line.level)) sink->log(line);
+  }
+  target.flush();
+}
+
 }  // namespace bridge::utils

@@ -9,6 +9,7 @@
 #include <spdlog/sinks/sink.h>
 
 #include <memory>
+#include <string>
 
 namespace bridge::utils {
 
@@ -18,5 +19,9 @@ void configure_logging(int rank, int world_size, std::shared_ptr<spdlog::sinks::
 
 /// The bridge logger. Example: bridge::utils::logger().info("step {} loss {:.3f}", step, loss);
 spdlog::logger& logger();
+
+/// Writes `message` at info level on this rank, past the per-rank filter: for lines only one chosen rank can write,
+/// such as the training log on the last rank, which alone holds the losses (Megatron's print_rank_last).
+void log_info_on_this_rank(const std::string& message);
 
 }  // namespace bridge::utils

@@ -1,0 +1,50 @@
+// GPTConfig::validate: every check names the field and says how to fix it.
+#include "bridge/models/gpt_config.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace bridge::models {
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+}  // namespace
+
+void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_parallel_size,
+                         std::optional<int> virtual_pipeline_model_parallel_size) const {
+  require(num_layers >= 1, "model.num_layers must be >= 1, got " + str(num_layers));
+  require(hidden_size >= 1, "model.hidden_size must be >= 1, got " + str(hidden_size));
+  require(num_attention_heads >= 1, "model.num_attention_heads must be >= 1, got " + str(num_attention_heads));
+  require(hidden_size % num_attention_heads == 0, "model.hidden_size (" + str(hidden_size) +
+                                                      ") must be divisible by model.num_attention_heads (" +
+                                                      str(num_attention_heads) + ")");
+  require(ffn_hidden_size >= 0,
+          "model.ffn_hidden_size must be >= 0 (0 means 4 * hidden_size), got " + str(ffn_hidden_size));
+  require(vocab_size >= 2, "model.vocab_size must be >= 2, got " + str(vocab_size));
+  require(make_vocab_size_divisible_by >= 1,
+          "model.make_vocab_size_divisible_by must be >= 1, got " + str(make_vocab_size_divisible_by));
+  require(seq_length >= 1, "model.seq_length must be >= 1, got " + str(seq_length));
+  require(hidden_dropout >= 0.0 && hidden_dropout < 1.0, "model.hidden_dropout must be in [0, 1)");
+  require(attention_dropout >= 0.0 && attention_dropout < 1.0, "model.attention_dropout must be in [0, 1)");
+  require(layernorm_epsilon > 0.0, "model.layernorm_epsilon must be > 0");
+  require(init_method_std > 0.0, "model.init_method_std must be > 0");
+
+  const int64_t tp = tensor_model_parallel_size;
+  require(num_attention_heads % tp == 0, "model.num_attention_heads (" + str(num_attention_heads) +
+                                             ") must be divisible by the tensor-parallel size (" + str(tp) +
+                                             "): each rank holds whole heads");
+  require(ffn_size() % tp == 0, "model.ffn_hidden_size (" + str(ffn_size()) +
+                                    ") must be divisible by the tensor-parallel size (" + str(tp) + ")");
+  const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *
+                         static_cast<int64_t>(virtual_pipeline_model_parallel_size.value_or(1));
+  require(num_layers % stages == 0, "model.num_layers (" + str(num_layers) +
+                                        ") must be divisible by pipeline size x virtual pipeline size (" + str(stages) +
+                                        ") so every model chunk holds the same number of layers");
+}
+
+}  // namespace bridge::models

@@ -1,0 +1,155 @@
+// GPTModel: embedding, this chunk's transformer layers, and the tied output layer with vocab-parallel loss.
+#include "bridge/models/gpt_model.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "parallel/tensor_parallel/param_attributes.h"
+#include "parallel/tensor_parallel/vocab_utils.h"
+
+namespace bridge::models {
+namespace tp = parallel::tensor_parallel;
+
+namespace {
+
+constexpr const char* kWordEmbeddingName = "embedding.word_embeddings.weight";
+
+// This rank's rows of a [padded_vocab, h] master weight initialised like the word embedding: the output layer's own
+// copy on a last stage without the embedding starts equal to the first stage's embedding without communication.
+torch::Tensor vocab_shard_of_master(const GPTConfig& config, int64_t padded_vocab, const std::string& name) {
+  torch::Tensor master = torch::empty({padded_vocab, config.hidden_size});
+  init_method_for(config, name, config.init_method_std)(master);
+  const auto [start, end] = tp::vocab_range_from_global_vocab_size(
+      padded_vocab, parallel::get_tensor_model_parallel_rank(), parallel::get_tensor_model_parallel_world_size());
+  return master.slice(0, start, end).clone();
+}
+
+}  // namespace
+
+GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& options)
+    : config_(config),
+      options_(options),
+      padded_vocab_size_(tp::vocab_size_with_padding(config.vocab_size, config.make_vocab_size_divisible_by,
+                                                     parallel::get_tensor_model_parallel_world_size())) {
+  torch::NoGradGuard no_grad;
+  if (options.pre_process) {
+    tp::VocabParallelEmbeddingOptions word(padded_vocab_size_, config.hidden_size);
+    word.init_method = init_method_for(config, kWordEmbeddingName, config.init_method_std);
+    word_embeddings = register_module("word_embeddings", tp::VocabParallelEmbedding(word));
+    position_embeddings =
+        register_module("position_embeddings", torch::nn::Embedding(config.seq_length, config.hidden_size));
+    torch::Tensor& positions = position_embeddings->weight;
+    init_method_for(config, "embedding.position_embeddings.weight", config.init_method_std)(positions);
+  }
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < options.num_layers; ++i) layers->push_back(TransformerLayer(config, options.first_layer + i));
+  if (options.post_process) {
+    final_layernorm = register_module(
+        "final_layernorm",
+        torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layernorm_epsilon)));
+    const bool tied = config.share_embeddings_and_output_weights;
+    if (!(tied && options.pre_process)) {
+      output_weight = register_parameter(
+          "output_weight",
+          vocab_shard_of_master(config, padded_vocab_size_, tied ? kWordEmbeddingName : "output_layer.weight"));
+      tp::ParamAttributes attributes;
+      attributes.tensor_model_parallel = true;
+      attributes.partition_dim = 0;
+      attributes.shared_embedding = tied;  // the copy: counted once in the gradient norm
+      tp::set_param_attributes(output_weight, attributes);
+    }
+  }
+}
+
+torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Tensor& position_ids,
+                                    const torch::Tensor& labels) {
+  torch::Tensor hidden;
+  if (options_.pre_process) {
+    hidden = (word_embeddings(tokens) + position_embeddings(position_ids)).transpose(0, 1).contiguous();
+    if (is_training() && config_.hidden_dropout > 0.0) hidden = torch::dropout(hidden, config_.hidden_dropout, true);
+  } else {
+    if (!input_tensor_.defined()) {
+      throw std::logic_error(
+          "GPTModel chunk starting at layer " + std::to_string(options_.first_layer) +
+          " has no input: a chunk without the embedding needs set_input_tensor() with the previous stage's output");
+    }
+    hidden = input_tensor_;
+  }
+  for (const auto& layer : *layers) hidden = layer->as<TransformerLayerImpl>()->forward(hidden);
+  if (!options_.post_process) return hidden;
+
+  hidden = final_layernorm(hidden);
+  torch::Tensor logits =
+      torch::linear(tp::copy_to_tensor_model_parallel_region(hidden), shared_embedding_or_output_weight());
+  if (!labels.defined()) return logits.transpose(0, 1);
+  return tp::vocab_parallel_cross_entropy(logits, labels.transpose(0, 1)).transpose(0, 1).contiguous();
+}
+
+torch::Tensor GPTModelImpl::shared_embedding_or_output_weight() const {
+  if (options_.pre_process && config_.share_embeddings_and_output_weights) return word_embeddings->weight;
+  if (options_.post_process) return output_weight;
+  return {};
+}
+
+GPTChunkOptions gpt_chunk_options(const GPTConfig& config, int pp, int pp_rank, int vpp, int model_chunk) {
+  const int64_t per_chunk = config.num_layers / (static_cast<int64_t>(pp) * vpp);
+  GPTChunkOptions options;
+  options.pre_process = pp_rank == 0 && model_chunk == 0;
+  options.post_process = pp_rank == pp - 1 && model_chunk == vpp - 1;
+  options.first_layer = (static_cast<int64_t>(model_chunk) * pp + pp_rank) * per_chunk;
+  options.num_layers = per_chunk;
+  return options;
+}
+
+std::vector<GPTModel> build_gpt_model(const GPTConfig& config) {
+  const int pp = parallel::get_pipeline_model_parallel_world_size();
+  const int vpp = parallel::get_virtual_pipeline_model_parallel_world_size().value_or(1);
+  config.validate(parallel::get_tensor_model_parallel_world_size(), pp,
+                  parallel::get_virtual_pipeline_model_parallel_world_size());
+  std::vector<GPTModel> chunks;
+  for (int chunk = 0; chunk < vpp; ++chunk) {
+    chunks.emplace_back(config,
+                        gpt_chunk_options(config, pp, parallel::get_pipeline_model_parallel_rank(), vpp, chunk));
+  }
+  return chunks;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> global_named_parameters(const GPTModel& chunk) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  const int64_t first_layer = chunk->chunk_options().first_layer;
+  for (const auto& item : chunk->named_parameters()) {
+    const std::string& local = item.key();
+    std::string global;
+    if (local.rfind("word_embeddings.", 0) == 0 || local.rfind("position_embeddings.", 0) == 0) {
+      global = "embedding." + local;
+    } else if (local.rfind("layers.", 0) == 0) {
+      const std::size_t dot = local.find('.', 7);
+      global =
+          "decoder.layers." + std::to_string(first_layer + std::stoll(local.substr(7, dot - 7))) + local.substr(dot);
+    } else if (local.rfind("final_layernorm.", 0) == 0) {
+      global = "decoder." + local;
+    } else if (local == "output_weight") {
+      global = "output_layer.weight";
+    } else {
+      global = local;
+    }
+    named.emplace_back(std::move(global), item.value());
+  }
+  return named;
+}
+
+std::vector<torch::Tensor> embedding_group_weights(const std::vector<GPTModel>& chunks) {
+  std::vector<torch::Tensor> weights;
+  if (parallel::get_pipeline_model_parallel_world_size() == 1) return weights;
+  for (const GPTModel& chunk : chunks) {
+    if (!chunk->config().share_embeddings_and_output_weights) continue;
+    const GPTChunkOptions& options = chunk->chunk_options();
+    if (options.pre_process || options.post_process) weights.push_back(chunk->shared_embedding_or_output_weight());
+  }
+  return weights;
+}
+
+}  // namespace bridge::models

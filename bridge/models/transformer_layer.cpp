@@ -1,0 +1,120 @@
+// The GPT transformer layer: attention with heads split across tensor-parallel ranks, and the MLP.
+#include "bridge/models/transformer_layer.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/random.h"
+
+namespace bridge::models {
+namespace tp = parallel::tensor_parallel;
+
+namespace {
+
+// FNV-1a: a hash that is the same on every platform and run, unlike std::hash.
+uint64_t stable_hash(const std::string& text) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+// SplitMix64's finaliser: nearby inputs give unrelated seeds.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+double output_layer_std(const GPTConfig& config) {
+  return config.init_method_std / std::sqrt(2.0 * static_cast<double>(config.num_layers));
+}
+
+std::string layer_prefix(int64_t layer_number) { return "decoder.layers." + std::to_string(layer_number) + "."; }
+
+}  // namespace
+
+tp::InitMethod init_method_for(const GPTConfig& config, const std::string& name, double std) {
+  return tp::init_method_normal(std, mix(config.init_seed ^ stable_hash(name)));
+}
+
+SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string& prefix)
+    : local_heads_(config.num_attention_heads / parallel::get_tensor_model_parallel_world_size()),
+      head_dim_(config.head_dim()),
+      attention_dropout_(config.attention_dropout) {
+  const int64_t h = config.hidden_size;
+  // The master QKV weight is [Q; K; V]; stride 3 gives each rank the rows of its own heads in each of Q, K and V.
+  tp::ColumnParallelLinearOptions qkv(h, 3 * h);
+  qkv.stride = 3;
+  qkv.init_method = init_method_for(config, prefix + "linear_qkv.weight", config.init_method_std);
+  linear_qkv = register_module("linear_qkv", tp::ColumnParallelLinear(qkv));
+  tp::RowParallelLinearOptions proj(h, h);
+  proj.init_method = init_method_for(config, prefix + "linear_proj.weight", output_layer_std(config));
+  linear_proj = register_module("linear_proj", tp::RowParallelLinear(proj));
+}
+
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
+  const int64_t s = hidden_states.size(0);
+  const int64_t b = hidden_states.size(1);
+  const int64_t local_hidden = local_heads_ * head_dim_;
+  torch::Tensor qkv = linear_qkv(hidden_states);  // [s, b, 3 * local_hidden]
+  auto heads = [&](int64_t which) {               // -> [b, heads, s, head_dim]
+    return qkv.narrow(-1, which * local_hidden, local_hidden)
+        .reshape({s, b, local_heads_, head_dim_})
+        .permute({1, 2, 0, 3});
+  };
+  torch::Tensor q = heads(0), k = heads(1), v = heads(2);
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+  torch::Tensor future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  if (is_training() && attention_dropout_ > 0.0) {
+    // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
+    auto fork = tp::get_rng_tracker().fork();
+    probs = torch::dropout(probs, attention_dropout_, /*train=*/true);
+  }
+  torch::Tensor context = torch::matmul(probs, v).permute({2, 0, 1, 3}).reshape({s, b, local_hidden});
+  return linear_proj(context);
+}
+
+MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) {
+  tp::ColumnParallelLinearOptions fc1(config.hidden_size, config.ffn_size());
+  fc1.init_method = init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std);
+  linear_fc1 = register_module("linear_fc1", tp::ColumnParallelLinear(fc1));
+  tp::RowParallelLinearOptions fc2(config.ffn_size(), config.hidden_size);
+  fc2.init_method = init_method_for(config, prefix + "linear_fc2.weight", output_layer_std(config));
+  linear_fc2 = register_module("linear_fc2", tp::RowParallelLinear(fc2));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& hidden_states) {
+  return linear_fc2(torch::gelu(linear_fc1(hidden_states)));
+}
+
+TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t layer_number)
+    : layer_number_(layer_number), hidden_dropout_(config.hidden_dropout) {
+  const std::string prefix = layer_prefix(layer_number);
+  auto norm = [&] {
+    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layernorm_epsilon));
+  };
+  input_layernorm = register_module("input_layernorm", norm());
+  self_attention = register_module("self_attention", SelfAttention(config, prefix + "self_attention."));
+  pre_mlp_layernorm = register_module("pre_mlp_layernorm", norm());
+  mlp = register_module("mlp", MLP(config, prefix + "mlp."));
+}
+
+torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states) {
+  // Dropout here acts on activations every tensor-parallel rank holds in full: the default stream, identical
+  // across the group, keeps the replicas equal.
+  const bool dropout = is_training() && hidden_dropout_ > 0.0;
+  torch::Tensor attention = self_attention(input_layernorm(hidden_states));
+  if (dropout) attention = torch::dropout(attention, hidden_dropout_, /*train=*/true);
+  torch::Tensor residual = hidden_states + attention;
+  torch::Tensor mlp_out = mlp(pre_mlp_layernorm(residual));
+  if (dropout) mlp_out = torch::dropout(mlp_out, hidden_dropout_, /*train=*/true);
+  return residual + mlp_out;
+}
+
+}  // namespace bridge::models

@@ -1,0 +1,222 @@
+// GPT pretraining over real ranks: every parallel layout (tp, pp, interleaved pp, dp, and all three) reproduces the
+// single-process run's losses and per-parameter gradients to fp32 round-off over several steps from the same initial
+// weights; control requests made on one rank act on every rank at the same step.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "tests/dist/spawn.h"
+#include "utils/net.h"
+
+namespace bridge::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr const char* kWorker = BRIDGE_GPT_WORKER;
+constexpr int kSteps = 3;
+
+fs::path fresh_directory(const std::string& name) {
+  const fs::path path = fs::temp_directory_path() / ("bridge_gpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(path);
+  fs::create_directories(path);
+  return path;
+}
+
+struct RunRecord {
+  std::map<int64_t, double> loss;                               // step -> lm loss
+  std::map<std::pair<int64_t, std::string>, double> grad_sq;    // (step, parameter) -> |grad|^2, summed over ranks
+  std::map<std::pair<int64_t, std::string>, double> grad_dot;   // (step, parameter) -> <grad, weight>
+  std::map<std::pair<int64_t, std::string>, double> weight_sq;  // (step, parameter) -> |weight|^2
+  std::map<int64_t, double> grad_norm;
+};
+
+RunRecord read_run(const fs::path& directory) {
+  RunRecord record;
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    std::ifstream in(entry.path());
+    std::string kind;
+    while (in >> kind) {
+      int64_t step = 0;
+      if (kind == "loss") {
+        in >> step >> record.loss[step];
+      } else if (kind == "gradnorm") {
+        in >> step >> record.grad_norm[step];
+      } else if (kind == "grad") {
+        std::string name;
+        double sq = 0, dot = 0, weight = 0;
+        in >> step >> name >> sq >> dot >> weight;
+        record.grad_sq[{step, name}] += sq;
+        record.grad_dot[{step, name}] += dot;
+        record.weight_sq[{step, name}] += weight;
+      }
+    }
+  }
+  return record;
+}
+
+RunRecord run_layout(const std::string& name, int world, int tp, int pp, int vpp) {
+  const fs::path directory = fresh_directory(name);
+  const auto results = run_ranks(kWorker,
+                                 {"parity", directory.string(), std::to_string(tp), std::to_string(pp),
+                                  std::to_string(vpp), std::to_string(kSteps)},
+                                 world, std::chrono::seconds(240));
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << describe(results);
+    EXPECT_THAT(result.output, HasSubstr("parity: ok")) << describe(results);
+  }
+  RunRecord record = read_run(directory);
+  fs::remove_all(directory);
+  return record;
+}
+
+// fp32 round-off: the layouts sum the same products in a different order (split matmuls, all-reduces).
+// Returns the relative difference.
+double expect_close(double actual, double expected, double relative, const std::string& what) {
+  const double difference = std::abs(actual - expected) / std::max(std::abs(expected), 1e-6);
+  EXPECT_LE(difference, relative) << what << ": " << actual << " vs single-process " << expected;
+  return difference;
+}
+
+template <class Key>
+void expect_same(const std::map<Key, double>& actual, const std::map<Key, double>& expected, double relative,
+                 const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what << ": different entries";
+  double largest = 0.0;
+  for (const auto& [key, value] : expected) {
+    auto it = actual.find(key);
+    ASSERT_NE(it, actual.end()) << what << " missing an entry";
+    std::ostringstream name;
+    if constexpr (std::is_same_v<Key, int64_t>) {
+      name << what << " step " << key;
+    } else {
+      name << what << " step " << key.first << " " << key.second;
+    }
+    largest = std::max(largest, expect_close(it->second, value, relative, name.str()));
+  }
+  std::printf("%-16s largest relative difference %.2e over %zu entries\n", what.c_str(), largest, expected.size());
+}
+
+void expect_parity(const std::string& name, int world, int tp, int pp, int vpp) {
+  const RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0);
+  ASSERT_EQ(reference.loss.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_GT(reference.grad_sq.size(), static_cast<std::size_t>(kSteps * 20));  // every parameter, every step
+  const RunRecord run = run_layout(name, world, tp, pp, vpp);
+  expect_same(run.loss, reference.loss, 2e-6, "loss");
+  expect_same(run.grad_norm, reference.grad_norm, 2e-5, "grad norm");
+  expect_same(run.weight_sq, reference.weight_sq, 1e-5, "|weight|^2");
+  expect_same(run.grad_sq, reference.grad_sq, 2e-5, "|grad|^2");
+  // <grad, weight> can cancel to near zero; measure its error against |grad| |weight| (a cosine).
+  double largest = 0.0;
+  for (const auto& [key, dot] : reference.grad_dot) {
+    const double scale = std::sqrt(reference.grad_sq.at(key) * reference.weight_sq.at(key));
+    const double difference = std::abs(run.grad_dot.at(key) - dot) / std::max(scale, 1e-12);
+    EXPECT_LE(difference, 1e-5) << "<grad, weight> step " << key.first << " " << key.second;
+    largest = std::max(largest, difference);
+  }
+  std::printf("%-16s largest difference relative to |grad| |weight| %.2e\n", "<grad, weight>", largest);
+}
+
+TEST(GptParity, TensorParallel2) { expect_parity("tp2", 2, 2, 1, 0); }
+TEST(GptParity, PipelineParallel2) { expect_parity("pp2", 2, 1, 2, 0); }
+TEST(GptParity, InterleavedPipeline2x2Chunks) { expect_parity("pp2vpp2", 2, 1, 2, 2); }
+TEST(GptParity, DataParallel2) { expect_parity("dp2", 2, 1, 1, 0); }
+TEST(GptParity, Tp2Pp2Dp2) { expect_parity("tp2pp2dp2", 8, 2, 2, 0); }
+
+TEST(GptDropout, ReplicatedWeightsStayIdenticalAcrossTensorParallelRanks) {
+  const auto results = run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120));
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << describe(results);
+    EXPECT_THAT(result.output, HasSubstr("dropout: ok")) << describe(results);
+  }
+}
+
+std::vector<RankResult> run_control(const std::string& action, int requesting_rank, const fs::path& directory) {
+  return run_ranks(kWorker, {"control", action, std::to_string(requesting_rank), "2", directory.string()}, 2,
+                   std::chrono::seconds(120));
+}
+
+TEST(GptControl, StopRequestedOnOneRankStopsEveryRankAtTheSameStep) {
+  const fs::path directory = fresh_directory("stop");
+  const auto results = run_control("stop", 1, directory);
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << describe(results);
+    // Asked during step index 2 (the third step): every rank finishes that step and stops, with on_train_end.
+    EXPECT_THAT(result.output, HasSubstr("ended at step 3, on_train_end fired")) << describe(results);
+  }
+  EXPECT_THAT(results[0].output, HasSubstr("callback 'watchdog' asked to stop during on_train_step_end: loss is good"))
+      << describe(results);
+  fs::remove_all(directory);
+}
+
+TEST(GptControl, AbortRequestedOnOneRankFailsEveryRankWithTheReason) {
+  const fs::path directory = fresh_directory("abort");
+  const auto results = run_control("abort", 0, directory);
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 3) << describe(results);
+    EXPECT_FALSE(result.killed_at_deadline) << describe(results);
+    EXPECT_THAT(result.output, HasSubstr("aborted: training aborted after step 3")) << describe(results);
+    EXPECT_THAT(result.output, HasSubstr("rank 0: callback 'watchdog' asked to abort")) << describe(results);
+    EXPECT_THAT(result.output, HasSubstr("loss went NaN")) << describe(results);
+  }
+  fs::remove_all(directory);
+}
+
+TEST(GptControl, SaveRequestWritesACheckpointOnEveryStage) {
+  const fs::path directory = fresh_directory("save");
+  const auto results = run_control("save", 1, directory);
+  for (const RankResult& result : results) EXPECT_EQ(result.exit_code, 0) << describe(results);
+  for (const char* iteration : {"iter_0000003", "iter_0000006"}) {  // on request after step 3, and the final save
+    for (const char* stage : {"mp_rank_00_000", "mp_rank_00_001"}) {
+      EXPECT_TRUE(fs::exists(directory / iteration / stage / "model_optim_rng.pt")) << iteration << "/" << stage;
+    }
+  }
+  std::ifstream tracker(directory / "latest_checkpointed_iteration.txt");
+  int64_t latest = 0;
+  tracker >> latest;
+  EXPECT_EQ(latest, 6);
+  fs::remove_all(directory);
+}
+
+#if defined(BRIDGE_PRETRAIN_GPT)
+int count_lines_with(const std::string& output, const std::string& text) {
+  int count = 0;
+  for (std::size_t at = output.find(text); at != std::string::npos; at = output.find(text, at + 1)) ++count;
+  return count;
+}
+
+// The example, unchanged, under mpirun (tp=2 x pp=2): the last rank's stop request after the first step ends every
+// rank there.
+TEST(GptLaunchers, MpirunFourRanksTp2Pp2StopsTogether) {
+  const RankResult result = run_command({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
+                                         BRIDGE_PRETRAIN_GPT, "--tp", "2", "--pp", "2", "--train-iters", "6",
+                                         "--threads", "1", "--stop-at-loss", "1000"},
+                                        std::chrono::seconds(240));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_lines_with(result.output, "pretrain_gpt: ok after 1 steps"), 4) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("callback 'stop_at_loss' asked to stop")) << result.output;
+}
+
+// Under Debian's torchrun (agent-hosted store), with an interleaved pipeline.
+TEST(GptLaunchers, TorchrunTwoRanksInterleavedPipeline) {
+  const RankResult result = run_command(
+      {"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1", "--master_addr=127.0.0.1",
+       "--master_port=" + std::to_string(utils::find_free_port()), BRIDGE_PRETRAIN_GPT, "--pp", "2", "--vpp", "2",
+       "--train-iters", "4", "--threads", "1"},
+      std::chrono::seconds(240));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count_lines_with(result.output, "pretrain_gpt: ok after 4 steps"), 2) << result.output;
+}
+#endif
+
+}  // namespace
+}  // namespace bridge::testing

@@ -1,0 +1,208 @@
+// One rank of the GPT pretraining tests. Launched by gpt_dist_test with the launcher variables torchrun would set.
+//
+//   gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps>
+//       pretrain() a tiny GPT for <steps> steps and write, per rank, <out_dir>/rank<r>.txt with the losses (last
+//       stage), and for every parameter this rank owns once (no tensor-parallel duplicate, no tied copy, data-parallel
+//       rank 0) the gradient's squared norm, its dot product with the weight and the weight's squared norm, keyed
+//       by the parameter's global name, at every step. Summed over ranks these equal the single-process run's. Also
+//       checks the events' fields.
+//   gpt_worker dropout
+//       tp=2 training with dropout on: the replicated weights (norms, biases added after the all-reduce) stay
+//       identical across the tensor-parallel group, which holds only if replicated activations draw the same masks.
+//   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
+//       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
+//
+// Exit 0 on success; a failed check prints "FAILED ..." and exits 1; an abort exits 3 after printing the error.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "bridge/bridge.h"
+#include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/param_attributes.h"
+
+namespace {
+
+using namespace bridge;
+using namespace bridge::training;
+
+int g_failures = 0;
+
+void expect(bool condition, const std::string& what) {
+  if (condition) return;
+  ++g_failures;
+  std::printf("rank %d: FAILED %s\n", parallel::get_rank(), what.c_str());
+  std::fflush(stdout);
+}
+
+ConfigContainer tiny_config(int tp, int pp, int vpp, int64_t steps) {
+  ConfigContainer config;
+  config.model.num_layers = 4;
+  config.model.hidden_size = 32;
+  config.model.num_attention_heads = 4;
+  config.model.vocab_size = 128;
+  config.model.make_vocab_size_divisible_by = 64;  // 128 at tp 1 and 2: every layout has the same padded vocab
+  config.model.seq_length = 16;
+  config.model.hidden_dropout = 0.0;
+  config.model.attention_dropout = 0.0;
+  config.model.init_seed = 7;
+  config.train.micro_batch_size = 1;
+  config.train.global_batch_size = 4;
+  config.train.train_iters = steps;
+  config.train.num_threads = 1;
+  config.optimizer.lr = 1e-3;
+  config.optimizer.clip_grad = 1.0;
+  config.ddp.bucket_size = 4000;  // several buckets
+  config.parallelism.tensor_model_parallel_size = tp;
+  config.parallelism.pipeline_model_parallel_size = pp;
+  if (vpp > 0) config.parallelism.virtual_pipeline_model_parallel_size = vpp;
+  return config;
+}
+
+int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps) {
+  auto manager = std::make_shared<CallbackManager>();
+  std::string lines;
+  int64_t forwards = 0, backwards = 0;
+  manager->register_callback(Event::kForwardStart, [&](CallbackContext& ctx) {
+    expect(ctx.micro_batch.has_value() && ctx.model_chunk.has_value(), "forward_start has micro_batch and chunk");
+    ++forwards;
+  });
+  manager->register_callback(Event::kBackwardEnd, [&](CallbackContext&) { ++backwards; });
+  manager->register_callback(Event::kOptimizerStepStart, [&](CallbackContext& ctx) {
+    const int64_t step = ctx.state.train_state.step;
+    expect(ctx.grad_norm.has_value(), "optimizer_step_start has grad_norm");
+    if (parallel::get_rank() == 0) {
+      char line[96];
+      std::snprintf(line, sizeof(line), "gradnorm %lld %.12e\n", static_cast<long long>(step), *ctx.grad_norm);
+      lines += line;
+    }
+    if (parallel::get_data_parallel_rank() != 0) return;
+    for (const auto& chunk : ctx.model) {
+      auto* gpt = dynamic_cast<models::GPTModelImpl*>(chunk.get());
+      expect(gpt != nullptr, "model chunks are GPTModelImpl");
+      if (gpt == nullptr) return;
+      for (const auto& [name, param] :
+           models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
+        if (parallel::tensor_parallel::param_is_tensor_parallel_duplicate(param)) continue;
+        if (!parallel::tensor_parallel::param_is_not_shared(param)) continue;
+        const torch::Tensor grad = param.grad().to(torch::kDouble);
+        const torch::Tensor weight = param.detach().to(torch::kDouble);
+        char line[256];
+        std::snprintf(line, sizeof(line), "grad %lld %s %.12e %.12e %.12e\n", static_cast<long long>(step),
+                      name.c_str(), grad.square().sum().item<double>(), (grad * weight).sum().item<double>(),
+                      weight.square().sum().item<double>());
+        lines += line;
+      }
+    }
+  });
+  manager->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+    const bool last = parallel::is_pipeline_last_stage(/*ignore_virtual=*/true);
+    expect(ctx.loss_dict.has_value(), "train_step_end has loss_dict");
+    expect(ctx.loss_dict->empty() == !last, "loss_dict is empty exactly off the last stage");
+    expect(ctx.skipped_iter.has_value() && !*ctx.skipped_iter, "skipped_iter is false");
+    if (last && parallel::get_tensor_model_parallel_rank() == 0 && parallel::get_data_parallel_rank() == 0) {
+      char line[96];
+      std::snprintf(line, sizeof(line), "loss %lld %.12e\n", static_cast<long long>(ctx.state.train_state.step),
+                    ctx.loss_dict->at("lm loss").item<double>());
+      lines += line;
+    }
+  });
+  const ConfigContainer config = tiny_config(tp, pp, vpp, steps);
+  const TrainState final_state = pretrain(config, gpt_forward_step, manager);
+  expect(final_state.step == steps, "trained all steps");
+  const int64_t chunks = vpp > 0 ? vpp : 1;
+  const int64_t micro_batches = config.num_microbatches(parallel::get_world_size());
+  expect(forwards == steps * micro_batches * chunks,
+         "forward_start fired once per micro-batch and chunk, got " + std::to_string(forwards));
+  expect(backwards == forwards, "backward_end fired as often as forward_start");
+  std::ofstream(out_dir + "/rank" + std::to_string(parallel::get_rank()) + ".txt") << lines;
+  return 0;
+}
+
+int run_dropout() {
+  ConfigContainer config = tiny_config(/*tp=*/2, /*pp=*/1, /*vpp=*/0, /*steps=*/3);
+  config.model.hidden_dropout = 0.2;
+  config.model.attention_dropout = 0.2;
+  auto manager = std::make_shared<CallbackManager>();
+  int compared = 0;
+  manager->register_callback(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) {
+    parallel::ProcessGroup& tp = parallel::get_tensor_model_parallel_group();
+    for (const auto& [name, param] :
+         models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(ctx.model[0])))) {
+      if (parallel::tensor_parallel::get_param_attributes(param).tensor_model_parallel) continue;
+      const std::vector<torch::Tensor> copies = tp.all_gather(param.detach().contiguous());
+      expect(torch::equal(copies[0], copies[1]), name + " is identical on both tensor-parallel ranks");
+      ++compared;
+    }
+  });
+  float first_loss = 0;
+  manager->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+    if (ctx.state.train_state.step == 0) first_loss = ctx.loss_dict->at("lm loss").item<float>();
+  });
+  pretrain(config, gpt_forward_step, manager);
+  expect(compared > 10, "compared the replicated parameters");
+  expect(std::isfinite(first_loss) && first_loss > 0, "a finite loss");
+  return 0;
+}
+
+int run_control(const std::string& action, int requesting_rank, int64_t at_step, const std::string& out_dir) {
+  auto manager = std::make_shared<CallbackManager>();
+  bool train_end = false;
+  manager->register_callback(
+      Event::kTrainStepEnd,
+      [&](CallbackContext& ctx) {
+        if (parallel::get_rank() != requesting_rank || ctx.state.train_state.step != at_step) return;
+        if (action == "stop") ctx.request_stop("loss is good enough");
+        if (action == "abort") ctx.request_abort("loss went NaN");
+        if (action == "save") ctx.request_save("before the risky part");
+      },
+      "watchdog");
+  manager->register_callback(Event::kTrainEnd, [&](CallbackContext&) { train_end = true; });
+  ConfigContainer config = tiny_config(/*tp=*/1, /*pp=*/2, /*vpp=*/0, /*steps=*/6);
+  config.model.num_layers = 2;
+  if (action == "save") config.checkpoint.save = out_dir;
+  try {
+    const TrainState state = pretrain(config, gpt_forward_step, manager);
+    std::printf("rank %d: ended at step %lld, on_train_end %s\n", parallel::get_rank(),
+                static_cast<long long>(state.step), train_end ? "fired" : "not fired");
+  } catch (const TrainingAborted& error) {
+    std::printf("rank %d: aborted: %s\n", parallel::get_rank(), error.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  int code = 2;
+  try {
+    // The world outlives pretrain(), which then creates and releases only the model-parallel groups.
+    parallel::init_distributed();
+    if (scenario == "parity" && argc == 7) {
+      code = run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]));
+    } else if (scenario == "dropout" && argc == 2) {
+      code = run_dropout();
+    } else if (scenario == "control" && argc == 6) {
+      code = run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
+    } else {
+      parallel::destroy_distributed();
+      std::fprintf(stderr,
+                   "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps>\n"
+                   "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n");
+      return 2;
+    }
+  } catch (const std::exception& error) {
+    std::printf("FAILED with exception: %s\n", error.what());
+    std::fflush(stdout);
+    return 1;
+  }
+  parallel::destroy_distributed();
+  if (code == 0 && g_failures == 0) std::printf("%s: ok\n", scenario.c_str());
+  return g_failures > 0 ? 1 : code;
+}

@@ -1,0 +1,344 @@
+// pretrain() in one process: the reference's end-to-end callback test (event order and counts, fields, model mode,
+// user_state, functional callbacks, step numbers), the configuration errors, and the step-function shapes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bridge/bridge.h"
+#include "parallel/distributed.h"
+
+namespace bridge::training {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+ConfigContainer tiny_config() {
+  ConfigContainer config;
+  config.model.num_layers = 2;
+  config.model.hidden_size = 16;
+  config.model.num_attention_heads = 2;
+  config.model.vocab_size = 64;
+  config.model.seq_length = 8;
+  config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 4;
+  config.train.num_threads = 1;
+  return config;
+}
+
+// Records every event with what the reference guarantees about its context.
+class Tracking : public Callback {
+ public:
+  std::vector<std::string> events;
+  std::vector<int64_t> step_end_steps;
+  int missing_fields = 0;
+  int wrong_mode = 0;
+
+  void record(CallbackContext& ctx, bool training_event) {
+    events.emplace_back(to_string(*ctx.event()));
+    if (ctx.model.empty() || ctx.state.cfg == nullptr) ++missing_fields;
+    if (training_event && (!ctx.optimizer.has_value() || !ctx.scheduler.has_value())) ++missing_fields;
+    for (const auto& chunk : ctx.model) {
+      if (chunk->is_training() != training_event) ++wrong_mode;
+    }
+  }
+  void on_train_start(CallbackContext& ctx) override { record(ctx, true); }
+  void on_train_step_start(CallbackContext& ctx) override { record(ctx, true); }
+  void on_train_step_end(CallbackContext& ctx) override {
+    record(ctx, true);
+    if (!ctx.loss_dict.has_value() || !ctx.grad_norm.has_value() || !ctx.skipped_iter.has_value()) ++missing_fields;
+    if (ctx.loss_dict.has_value() && ctx.loss_dict->count("lm loss") == 0) ++missing_fields;
+    step_end_steps.push_back(ctx.state.train_state.step);
+  }
+  void on_train_end(CallbackContext& ctx) override { record(ctx, true); }
+  void on_eval_start(CallbackContext& ctx) override { record(ctx, false); }
+  void on_eval_step_start(CallbackContext& ctx) override { record(ctx, false); }
+  void on_eval_step_end(CallbackContext& ctx) override { record(ctx, false); }
+  void on_eval_end(CallbackContext& ctx) override {
+    record(ctx, false);
+    if (!ctx.total_loss_dict.has_value() || ctx.total_loss_dict->count("lm loss") == 0) ++missing_fields;
+  }
+  void on_test_start(CallbackContext& ctx) override { record(ctx, false); }
+  void on_test_step_start(CallbackContext& ctx) override { record(ctx, false); }
+  void on_test_step_end(CallbackContext& ctx) override { record(ctx, false); }
+  void on_test_end(CallbackContext& ctx) override {
+    record(ctx, false);
+    if (!ctx.total_loss_dict.has_value()) ++missing_fields;
+  }
+  void on_checkpoint_save(CallbackContext& ctx) override {
+    events.emplace_back(to_string(*ctx.event()));
+    if (!ctx.optimizer.has_value() || ctx.scheduler.has_value() || !ctx.checkpoint.has_value()) ++missing_fields;
+  }
+};
+
+// Counts steps in user_state and reads the count back at evaluation and test (the reference's UserState callback).
+class Counting : public Callback {
+ public:
+  std::vector<int64_t> step_counts, eval_reads, test_reads;
+  void on_train_step_end(CallbackContext& ctx) override {
+    const int64_t count = ctx.user_state.get_or<int64_t>("steps", 0) + 1;
+    ctx.user_state.set("steps", count);
+    step_counts.push_back(count);
+  }
+  void on_eval_start(CallbackContext& ctx) override { eval_reads.push_back(ctx.user_state.get<int64_t>("steps")); }
+  void on_test_start(CallbackContext& ctx) override { test_reads.push_back(ctx.user_state.get<int64_t>("steps")); }
+};
+
+int count(const std::vector<std::string>& events, const std::string& name) {
+  return static_cast<int>(std::count(events.begin(), events.end(), name));
+}
+
+TEST(PretrainEvents, ReferenceEndToEndSequence) {
+  const fs::path save = fs::temp_directory_path() / ("bridge_pretrain_events_" + std::to_string(::getpid()));
+  fs::remove_all(save);
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 8;
+  config.train.eval_interval = 5;
+  config.train.eval_iters = 2;
+  config.checkpoint.save = save.string();
+  config.checkpoint.save_interval = 7;
+
+  auto tracking = std::make_shared<Tracking>();
+  auto counting = std::make_shared<Counting>();
+  auto manager = std::make_shared<CallbackManager>();
+  manager->add({tracking, counting});
+  std::vector<std::string> log;
+  manager->register_callback("on_train_start", [&](CallbackContext&) { log.push_back("fn_start"); });
+  manager->register_callback("on_train_step_end", [&](CallbackContext&) { log.push_back("fn_step"); });
+  manager->register_callback("on_train_end", [&](CallbackContext&) { log.push_back("fn_end"); });
+
+  const TrainState final_state = pretrain(config, gpt_forward_step, manager);
+  EXPECT_EQ(final_state.step, 8);
+
+  const auto& events = tracking->events;
+  EXPECT_EQ(count(events, "on_train_start"), 1);
+  EXPECT_EQ(count(events, "on_train_end"), 1);
+  EXPECT_EQ(count(events, "on_train_step_start"), 8);
+  EXPECT_EQ(count(events, "on_train_step_end"), 8);
+  EXPECT_EQ(count(events, "on_checkpoint_save"), 2);  // step 7, and the final save at step 8
+  EXPECT_EQ(count(events, "on_eval_start"), 2);       // in the loop at step 5, and after training
+  EXPECT_EQ(count(events, "on_eval_end"), 2);
+  EXPECT_EQ(count(events, "on_eval_step_start"), 4);
+  EXPECT_EQ(count(events, "on_eval_step_end"), 4);
+  EXPECT_EQ(count(events, "on_test_start"), 1);
+  EXPECT_EQ(count(events, "on_test_end"), 1);
+  EXPECT_EQ(count(events, "on_test_step_start"), 2);
+  EXPECT_EQ(count(events, "on_test_step_end"), 2);
+
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front(), "on_train_start");
+  EXPECT_EQ(events.back(), "on_test_end");
+  const auto position = [&](const std::string& name) {
+    return std::find(events.begin(), events.end(), name) - events.begin();
+  };
+  EXPECT_LT(position("on_train_end"), position("on_test_start"));
+  // Every step_start is followed by its step_end before the next step_start.
+  std::string previous;
+  for (const std::string& event : events) {
+    if (event == "on_train_step_start") EXPECT_NE(previous, "on_train_step_start");
+    if (event == "on_train_step_end") EXPECT_EQ(previous, "on_train_step_start");
+    if (event.rfind("on_train_step", 0) == 0) previous = event;
+  }
+  // Order inside step 5 (index 4) and step 7: step_end, then eval, then the save.
+  const std::vector<std::string> expected_step_five = {
+      "on_train_step_start", "on_train_step_end", "on_eval_start", "on_eval_step_start", "on_eval_step_end",
+      "on_eval_step_start",  "on_eval_step_end",  "on_eval_end",   "on_train_step_start"};
+  auto fifth = std::find(events.begin(), events.end(), "on_train_step_start");
+  for (int i = 0; i < 4; ++i) fifth = std::find(fifth + 1, events.end(), "on_train_step_start");
+  EXPECT_EQ(std::vector<std::string>(fifth, fifth + 9), expected_step_five);
+
+  EXPECT_EQ(tracking->missing_fields, 0);
+  EXPECT_EQ(tracking->wrong_mode, 0);
+  EXPECT_EQ(tracking->step_end_steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // before the increment
+  EXPECT_EQ(counting->step_counts, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(counting->eval_reads, (std::vector<int64_t>{5, 8}));
+  EXPECT_EQ(counting->test_reads, (std::vector<int64_t>{8}));
+  ASSERT_EQ(log.size(), 10U);
+  EXPECT_EQ(log.front(), "fn_start");
+  EXPECT_EQ(log.back(), "fn_end");
+  EXPECT_EQ(std::count(log.begin(), log.end(), "fn_step"), 8);
+
+  EXPECT_TRUE(fs::exists(save / "iter_0000007" / "mp_rank_00" / "model_optim_rng.pt"));
+  EXPECT_TRUE(fs::exists(save / "iter_0000008" / "mp_rank_00" / "model_optim_rng.pt"));
+  fs::remove_all(save);
+}
+
+TEST(PretrainEvents, ExtensionEventsFirePerMicroBatchAndAroundTheOptimizer) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 3;  // 2 micro-batches per step
+  std::vector<std::string> sequence;
+  auto manager = std::make_shared<CallbackManager>();
+  for (Event event : {Event::kForwardStart, Event::kForwardEnd, Event::kBackwardStart, Event::kBackwardEnd,
+                      Event::kOptimizerStepStart, Event::kOptimizerStepEnd, Event::kLog, Event::kDataInitStart}) {
+    manager->register_callback(event, [&sequence](CallbackContext& ctx) {
+      std::string entry(to_string(*ctx.event()));
+      if (ctx.micro_batch.has_value()) entry += "#" + std::to_string(*ctx.micro_batch);
+      if (ctx.event() == Event::kForwardEnd && !ctx.output_tensor->defined()) entry += "!no-output";
+      if (ctx.event() == Event::kOptimizerStepStart && !ctx.grad_norm.has_value()) entry += "!no-grad-norm";
+      if (ctx.event() == Event::kLog) {
+        if (ctx.log->metrics.count("lm loss") == 0) entry += "!no-loss";
+        ctx.log->text.push_back("custom: 1");
+      }
+      sequence.push_back(entry);
+    });
+  }
+  pretrain(config, gpt_forward_step, manager);
+  const std::vector<std::string> one_step = {"on_forward_start#0",
+                                             "on_forward_end#0",
+                                             "on_backward_start#0",
+                                             "on_backward_end#0",
+                                             "on_forward_start#1",
+                                             "on_forward_end#1",
+                                             "on_backward_start#1",
+                                             "on_backward_end#1",
+                                             "on_optimizer_step_start",
+                                             "on_optimizer_step_end",
+                                             "on_log"};
+  std::vector<std::string> expected = {"on_data_init_start"};
+  for (int i = 0; i < 3; ++i) expected.insert(expected.end(), one_step.begin(), one_step.end());
+  EXPECT_EQ(sequence, expected);
+}
+
+TEST(PretrainEvents, SkipTrainRunsOnlyValidationAndTest) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 1;
+  config.train.skip_train = true;  // evaluation only: no train events
+  config.train.eval_iters = 1;
+  std::vector<std::string> events;
+  auto manager = std::make_shared<CallbackManager>();
+  for (Event event : {Event::kTrainStart, Event::kEvalStart, Event::kEvalEnd, Event::kTestEnd}) {
+    manager->register_callback(event, [&](CallbackContext& ctx) { events.emplace_back(to_string(*ctx.event())); });
+  }
+  pretrain(config, gpt_forward_step, manager);
+  EXPECT_EQ(events, (std::vector<std::string>{"on_eval_start", "on_eval_end", "on_test_end"}));
+}
+
+TEST(PretrainEvents, StopRequestEndsTrainingAtThatStepWithTrainEnd) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 10;
+  bool train_end = false;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(Event::kTrainStepEnd, [](CallbackContext& ctx) {
+    if (ctx.state.train_state.step == 3) ctx.request_stop("enough");
+  });
+  manager->register_callback(Event::kTrainEnd, [&](CallbackContext&) { train_end = true; });
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 4);
+  EXPECT_TRUE(train_end);
+}
+
+TEST(PretrainEvents, AbortThrowsAndFiresOnExceptionButNotTrainEnd) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 10;
+  bool train_end = false;
+  std::string seen;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(
+      Event::kTrainStepEnd, [](CallbackContext& ctx) { ctx.request_abort("diverged"); }, "guard");
+  manager->register_callback(Event::kTrainEnd, [&](CallbackContext&) { train_end = true; });
+  manager->register_callback(Event::kException, [&](CallbackContext& ctx) { seen = ctx.exception->what; });
+  try {
+    pretrain(config, gpt_forward_step, manager);
+    FAIL() << "expected TrainingAborted";
+  } catch (const TrainingAborted& error) {
+    EXPECT_THAT(error.what(), HasSubstr("callback 'guard' asked to abort during on_train_step_end: diverged"));
+  }
+  EXPECT_FALSE(train_end);
+  EXPECT_THAT(seen, HasSubstr("diverged"));
+}
+
+TEST(PretrainSteps, BothStepFunctionShapesAndFunctorsWork) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 2;
+  int calls = 0;
+  pretrain(config, [&](DataIterator& data, models::GPTModel& model) {
+    ++calls;
+    return gpt_forward_step(data, model);
+  });
+  EXPECT_EQ(calls, 4);  // 2 steps x 2 micro-batches
+  std::vector<int64_t> steps_seen;
+  pretrain(config, [&](GlobalState& state, DataIterator& data, models::GPTModel& model) {
+    steps_seen.push_back(state.train_state.step);
+    return gpt_forward_step(data, model);
+  });
+  EXPECT_EQ(steps_seen, (std::vector<int64_t>{0, 0, 1, 1}));
+  struct Functor {
+    int calls = 0;
+    StepResult operator()(DataIterator& data, models::GPTModel& model) {
+      ++calls;
+      return gpt_forward_step(data, model);
+    }
+  } functor;
+  pretrain(config, std::ref(functor), nullptr);
+  EXPECT_EQ(functor.calls, 4);
+}
+
+TEST(PretrainSteps, CallbacksAsNothingAListOrAManager) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 1;
+  auto tracking = std::make_shared<Tracking>();
+  pretrain(config, gpt_forward_step, {tracking});
+  EXPECT_EQ(count(tracking->events, "on_train_step_end"), 1);
+  pretrain(config, gpt_forward_step, std::vector<std::shared_ptr<Callback>>{tracking});
+  EXPECT_EQ(count(tracking->events, "on_train_step_end"), 2);
+  EXPECT_EQ(pretrain(config, gpt_forward_step).step, 1);
+}
+
+TEST(PretrainConfig, ErrorsNameTheField) {
+  auto expect_error = [](ConfigContainer config, const std::string& field) {
+    try {
+      config.validate(1);
+      FAIL() << "expected an error naming " << field;
+    } catch (const std::invalid_argument& error) {
+      EXPECT_THAT(error.what(), HasSubstr(field));
+    }
+  };
+  ConfigContainer config = tiny_config();
+  config.train.global_batch_size = 3;
+  expect_error(config, "train.global_batch_size (3)");
+  config = tiny_config();
+  config.model.num_attention_heads = 3;
+  expect_error(config, "model.hidden_size (16) must be divisible by model.num_attention_heads (3)");
+  config = tiny_config();
+  config.parallelism.tensor_model_parallel_size = 2;
+  expect_error(config, "parallelism.tensor_model_parallel_size x parallelism.pipeline_model_parallel_size (2)");
+  config = tiny_config();
+  config.optimizer.lr = -1;
+  expect_error(config, "optimizer.lr");
+  config = tiny_config();
+  config.scheduler.lr_decay_style = "cosin";
+  expect_error(config, "scheduler.lr_decay_style");
+  config = tiny_config();
+  config.checkpoint.save_interval = 5;
+  expect_error(config, "checkpoint.save");
+  config = tiny_config();
+  config.model.num_layers = 3;
+  ConfigContainer pipelined = config;
+  pipelined.parallelism.pipeline_model_parallel_size = 1;
+  pipelined.parallelism.virtual_pipeline_model_parallel_size = 2;
+  expect_error(pipelined, "virtual_pipeline_model_parallel_size needs parallelism.pipeline_model_parallel_size >= 2");
+}
+
+TEST(PretrainConfig, DatasetWithAnotherSequenceLengthIsRejected) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 1;
+  config.dataset.provider = [](const ConfigContainer& c) {
+    return GPTDatasets{std::make_shared<MockGPTDataset>(c.model.vocab_size, c.model.seq_length * 2, 1), nullptr,
+                       nullptr};
+  };
+  EXPECT_THROW(
+      {
+        try {
+          pretrain(config, gpt_forward_step);
+        } catch (const std::invalid_argument& error) {
+          EXPECT_THAT(error.what(), HasSubstr("model.seq_length"));
+          throw;
+        }
+      },
+      std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace bridge::training

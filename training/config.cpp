@@ -1,0 +1,88 @@
+// ConfigContainer validation: all of it before anything is built, each error naming the field and the fix.
+#include "training/config.h"
+
+#include <stdexcept>
+
+#include "training/optimizer_param_scheduler.h"
+
+namespace bridge::training {
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+}  // namespace
+
+int ConfigContainer::data_parallel_size(int world_size) const {
+  return world_size / (parallelism.tensor_model_parallel_size * parallelism.pipeline_model_parallel_size);
+}
+
+int64_t ConfigContainer::num_microbatches(int world_size) const {
+  return train.global_batch_size / (train.micro_batch_size * data_parallel_size(world_size));
+}
+
+void ConfigContainer::validate(int world_size) const {
+  const ParallelismConfig& p = parallelism;
+  require(p.tensor_model_parallel_size >= 1,
+          "parallelism.tensor_model_parallel_size must be >= 1, got " + str(p.tensor_model_parallel_size));
+  require(p.pipeline_model_parallel_size >= 1,
+          "parallelism.pipeline_model_parallel_size must be >= 1, got " + str(p.pipeline_model_parallel_size));
+  const int64_t model_parallel = int64_t{p.tensor_model_parallel_size} * p.pipeline_model_parallel_size;
+  require(world_size % model_parallel == 0, "the world size (" + str(world_size) +
+                                                ") must be divisible by parallelism.tensor_model_parallel_size x "
+                                                "parallelism.pipeline_model_parallel_size (" +
+                                                str(model_parallel) + "); launch a multiple of " + str(model_parallel) +
+                                                " ranks or change the sizes");
+  if (p.virtual_pipeline_model_parallel_size) {
+    require(*p.virtual_pipeline_model_parallel_size >= 2,
+            "parallelism.virtual_pipeline_model_parallel_size must be >= 2 when set (unset it for the plain 1F1B "
+            "schedule), got " +
+                str(*p.virtual_pipeline_model_parallel_size));
+    require(p.pipeline_model_parallel_size >= 2,
+            "parallelism.virtual_pipeline_model_parallel_size needs parallelism.pipeline_model_parallel_size >= 2");
+  }
+  require(p.timeout.count() > 0, "parallelism.timeout must be positive");
+
+  const TrainingConfig& t = train;
+  require(t.micro_batch_size >= 1, "train.micro_batch_size must be >= 1, got " + str(t.micro_batch_size));
+  const int64_t dp = data_parallel_size(world_size);
+  require(t.global_batch_size >= 1 && t.global_batch_size % (t.micro_batch_size * dp) == 0,
+          "train.global_batch_size (" + str(t.global_batch_size) +
+              ") must be a positive multiple of "
+              "train.micro_batch_size (" +
+              str(t.micro_batch_size) + ") x data-parallel size (" + str(dp) + ")");
+  require(t.train_iters >= 0, "train.train_iters must be >= 0, got " + str(t.train_iters));
+  require(t.eval_interval >= 0,
+          "train.eval_interval must be >= 0 (0: evaluate only after training), got " + str(t.eval_interval));
+  require(t.eval_iters >= 0, "train.eval_iters must be >= 0, got " + str(t.eval_iters));
+  require(t.num_threads >= 0, "train.num_threads must be >= 0 (0: automatic), got " + str(t.num_threads));
+  if (p.virtual_pipeline_model_parallel_size) {
+    const int64_t m = num_microbatches(world_size);
+    const int64_t group = p.microbatch_group_size_per_vp_stage.value_or(p.pipeline_model_parallel_size);
+    require(group >= p.pipeline_model_parallel_size && group <= m,
+            "the interleaved schedule needs parallelism.pipeline_model_parallel_size <= micro-batch group size (" +
+                str(group) + ") <= micro-batches per step (" + str(m) + "); raise train.global_batch_size");
+    require(m % group == 0 || m % group >= p.pipeline_model_parallel_size,
+            "micro-batches per step (" + str(m) + ") % micro-batch group size (" + str(group) +
+                ") must be 0 or >= the pipeline size, or the interleaved schedule stalls on dependency bubbles");
+  }
+
+  model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size);
+  optimizer.validate();
+  require(scheduler.lr_warmup_iters >= 0, "scheduler.lr_warmup_iters must be >= 0");
+  require(scheduler.lr_decay_iters >= 0, "scheduler.lr_decay_iters must be >= 0 (0: train.train_iters)");
+  try {
+    parse_lr_decay_style(scheduler.lr_decay_style);
+  } catch (const std::invalid_argument& error) {
+    throw std::invalid_argument(std::string("scheduler.") + error.what());
+  }
+  require(logging.log_interval >= 1, "logging.log_interval must be >= 1, got " + str(logging.log_interval));
+  require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
+  require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
+          "checkpoint.save_interval is set but checkpoint.save (the directory) is empty; set both or neither");
+}
+
+}  // namespace bridge::training

@@ -1,0 +1,100 @@
+// ConfigContainer: everything pretrain() needs, in Megatron-Bridge's sections (model, train, optimizer, scheduler,
+// parallelism, ddp, dataset, logging, rng, checkpoint). validate() checks it all up front, before any rank builds
+// anything, and every error names the field and the fix:
+//   "train.global_batch_size (30) must be divisible by train.micro_batch_size (4) x data-parallel size (2)".
+//
+//   ConfigContainer config;
+//   config.model.num_layers = 4;
+//   config.train.train_iters = 100;
+//   config.parallelism.tensor_model_parallel_size = 2;
+//   pretrain(config, gpt_forward_step);
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "bridge/models/gpt_config.h"
+#include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/process_group.h"
+#include "training/data.h"
+#include "training/optimizer.h"
+
+namespace bridge::training {
+
+struct ConfigContainer;
+
+struct TrainingConfig {
+  int64_t micro_batch_size = 1;
+  /// Samples per optimizer step over all data-parallel ranks: micro_batch_size x dp x micro-batches per step.
+  int64_t global_batch_size = 1;
+  int64_t train_iters = 0;
+  /// Evaluate every eval_interval steps during training (0: only after training).
+  int64_t eval_interval = 0;
+  /// Steps per evaluation; 0 disables validation and test.
+  int64_t eval_iters = 0;
+  bool skip_train = false;
+  /// Intra-op threads per rank; 0 = the machine's cores divided among the ranks on this node. LibTorch otherwise
+  /// defaults to one.
+  int num_threads = 0;
+};
+
+struct SchedulerConfig {
+  int64_t lr_warmup_iters = 0;
+  /// Steps over which the learning rate decays to optimizer.min_lr; 0 = train.train_iters.
+  int64_t lr_decay_iters = 0;
+  std::string lr_decay_style = "cosine";  ///< constant, linear, cosine or inverse-square-root
+};
+
+struct ParallelismConfig {
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  /// Model chunks per pipeline rank (interleaved 1F1B); unset for the plain schedule.
+  std::optional<int> virtual_pipeline_model_parallel_size;
+  /// Interleaved schedule's micro-batch group size; unset = pipeline size (Megatron's default).
+  std::optional<int64_t> microbatch_group_size_per_vp_stage;
+  parallel::Backend backend = parallel::Backend::kGloo;
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+struct DatasetConfig {
+  /// Builds the train/valid/test datasets; unset = mock data (random tokens) of model.seq_length.
+  std::function<GPTDatasets(const ConfigContainer&)> provider;
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 1;  ///< print the training log line every this many steps
+};
+
+struct RNGConfig {
+  uint64_t seed = 1234;  ///< data order of the mock data, dropout (+100 per pipeline rank, as Megatron)
+};
+
+struct CheckpointConfig {
+  std::string save;           ///< directory for checkpoints; empty = never save
+  int64_t save_interval = 0;  ///< save every this many steps (0: only at the end and on request)
+};
+
+struct ConfigContainer {
+  models::GPTConfig model;
+  TrainingConfig train;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ParallelismConfig parallelism;
+  parallel::distributed::DistributedDataParallelConfig ddp;
+  DatasetConfig dataset;
+  LoggingConfig logging;
+  RNGConfig rng;
+  CheckpointConfig checkpoint;
+
+  /// Checks every section for a job of `world_size` ranks; throws std::invalid_argument naming the field.
+  void validate(int world_size) const;
+  /// world_size / (tp x pp).
+  int data_parallel_size(int world_size) const;
+  /// global_batch_size / (micro_batch_size x dp).
+  int64_t num_microbatches(int world_size) const;
+};
+
+}  // namespace bridge::training

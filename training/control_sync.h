@@ -1,0 +1,26 @@
+// Agreeing on control requests across ranks. A callback may ask to stop, save or abort on any one rank; at each step
+// boundary every rank calls agree_on_control, and all of them leave knowing the same actions, which callbacks on
+// which ranks asked, and why, so they act on the same step and none waits on a collective the others skipped.
+#pragma once
+
+#include <string>
+
+#include "parallel/process_group.h"
+#include "training/control.h"
+
+namespace bridge::training {
+
+struct AgreedControl {
+  bool stop = false;
+  bool save = false;
+  bool abort = false;
+  /// One line per request on any rank: "rank 1: callback 'early_stop' asked to stop during on_train_step_end: ...".
+  std::string summary;
+  bool any() const { return stop || save || abort; }
+};
+
+/// Takes this rank's pending requests from `control` (null: none) and shares them over `world`. One small
+/// all-reduce when nobody asked; when someone did, two more collectives carry the descriptions.
+AgreedControl agree_on_control(TrainingControl* control, parallel::ProcessGroup& world);
+
+}  // namespace bridge::training

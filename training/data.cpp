@@ -1,0 +1,69 @@
+// Datasets and the data-parallel micro-batch iterator.
+#include "training/data.h"
+
+#include <stdexcept>
+#include <utility>
+
+namespace bridge::training {
+
+MockGPTDataset::MockGPTDataset(int64_t vocab_size, int64_t seq_length, uint64_t seed, int64_t size)
+    : vocab_size_(vocab_size), seq_length_(seq_length), seed_(seed), size_(size) {
+  if (vocab_size < 2) throw std::invalid_argument("MockGPTDataset: vocab_size must be >= 2");
+  if (seq_length < 1) throw std::invalid_argument("MockGPTDataset: seq_length must be >= 1");
+  if (size < 1) throw std::invalid_argument("MockGPTDataset: size must be >= 1");
+}
+
+torch::Tensor MockGPTDataset::sample(int64_t index) const {
+  auto generator =
+      at::make_generator<at::CPUGeneratorImpl>(seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(index));
+  return torch::randint(vocab_size_, {seq_length_ + 1}, generator, torch::kLong);
+}
+
+TokenStreamDataset::TokenStreamDataset(std::vector<int64_t> tokens, int64_t seq_length) : seq_length_(seq_length) {
+  if (seq_length < 1) throw std::invalid_argument("TokenStreamDataset: seq_length must be >= 1");
+  if (static_cast<int64_t>(tokens.size()) < seq_length + 1) {
+    throw std::invalid_argument("TokenStreamDataset: " + std::to_string(tokens.size()) +
+                                " tokens cannot fill one sample of seq_length + 1 = " + std::to_string(seq_length + 1) +
+                                " tokens; give more text or a shorter seq_length");
+  }
+  tokens_ = torch::tensor(tokens, torch::kLong);
+}
+
+int64_t TokenStreamDataset::size() const { return (tokens_.size(0) - 1) / seq_length_; }
+
+torch::Tensor TokenStreamDataset::sample(int64_t index) const {
+  return tokens_.slice(0, index * seq_length_, index * seq_length_ + seq_length_ + 1);
+}
+
+DataIterator::DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank,
+                           int dp_size, int64_t consumed_samples)
+    : dataset_(std::move(dataset)),
+      micro_batch_size_(micro_batch_size),
+      dp_rank_(dp_rank),
+      dp_size_(dp_size),
+      consumed_samples_(consumed_samples) {
+  if (!dataset_) throw std::invalid_argument("DataIterator: no dataset");
+  if (micro_batch_size < 1) throw std::invalid_argument("DataIterator: micro_batch_size must be >= 1");
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    throw std::invalid_argument("DataIterator: dp_rank " + std::to_string(dp_rank) + " is not in [0, " +
+                                std::to_string(dp_size) + ")");
+  }
+}
+
+GPTBatch DataIterator::next() {
+  std::vector<torch::Tensor> samples;
+  samples.reserve(static_cast<std::size_t>(micro_batch_size_));
+  const int64_t first = consumed_samples_ + dp_rank_ * micro_batch_size_;
+  for (int64_t i = 0; i < micro_batch_size_; ++i) samples.push_back(dataset_->sample((first + i) % dataset_->size()));
+  consumed_samples_ += micro_batch_size_ * dp_size_;
+  torch::Tensor text = torch::stack(samples);
+  const int64_t s = dataset_->seq_length();
+  GPTBatch batch;
+  batch.tokens = text.slice(1, 0, s).contiguous();
+  batch.labels = text.slice(1, 1, s + 1).contiguous();
+  batch.loss_mask = torch::ones({micro_batch_size_, s}, torch::kFloat);
+  batch.position_ids = torch::arange(s, torch::kLong).unsqueeze(0).expand({micro_batch_size_, s}).contiguous();
+  return batch;
+}
+
+}  // namespace bridge::training

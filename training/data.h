@@ -1,0 +1,90 @@
+// Data for GPT pretraining: datasets of fixed-length token samples and the iterator a step function draws
+// micro-batches from. The iterator follows Megatron's pretraining sampler: each micro-batch step takes the next
+// micro_batch_size * dp sample indices and data-parallel rank r gets the r-th slice, so every tensor-parallel rank
+// of a replica sees the same tokens and the global batch does not depend on the layout.
+//
+//   auto dataset = std::make_shared<MockGPTDataset>(/*vocab_size=*/1024, /*seq_length=*/128, /*seed=*/7);
+//   DataIterator it(dataset, /*micro_batch_size=*/4, /*dp_rank=*/0, /*dp_size=*/1);
+//   GPTBatch batch = it.next();  // tokens, labels, loss_mask, position_ids: [4, 128]
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bridge::training {
+
+/// One micro-batch, [micro_batch_size, seq_length] each: labels are the tokens shifted by one.
+struct GPTBatch {
+  torch::Tensor tokens;        ///< int64
+  torch::Tensor labels;        ///< int64
+  torch::Tensor loss_mask;     ///< float, 1 where the label counts
+  torch::Tensor position_ids;  ///< int64
+};
+
+/// Samples of seq_length + 1 tokens (inputs and the label after the last one).
+class GPTDataset {
+ public:
+  virtual ~GPTDataset() = default;
+  /// Number of distinct samples; the iterator wraps around past it.
+  virtual int64_t size() const = 0;
+  virtual int64_t seq_length() const = 0;
+  /// Sample `index` in [0, size()): seq_length + 1 int64 tokens.
+  virtual torch::Tensor sample(int64_t index) const = 0;
+};
+
+/// Random tokens, a pure function of (seed, index): Megatron-Bridge's mock data, for benchmarks and tests.
+class MockGPTDataset : public GPTDataset {
+ public:
+  MockGPTDataset(int64_t vocab_size, int64_t seq_length, uint64_t seed, int64_t size = int64_t{1} << 40);
+  int64_t size() const override { return size_; }
+  int64_t seq_length() const override { return seq_length_; }
+  torch::Tensor sample(int64_t index) const override;
+
+ private:
+  int64_t vocab_size_, seq_length_;
+  uint64_t seed_;
+  int64_t size_;
+};
+
+/// Consecutive windows over one token stream; window i starts at token i * seq_length, so neighbours share one token
+/// (as Megatron's GPTDataset samples do).
+class TokenStreamDataset : public GPTDataset {
+ public:
+  /// `tokens` holds at least seq_length + 1 tokens.
+  TokenStreamDataset(std::vector<int64_t> tokens, int64_t seq_length);
+  int64_t size() const override;
+  int64_t seq_length() const override { return seq_length_; }
+  torch::Tensor sample(int64_t index) const override;
+
+ private:
+  torch::Tensor tokens_;
+  int64_t seq_length_;
+};
+
+/// Turns samples into micro-batches for one data-parallel rank (Megatron's MegatronPretrainingSampler).
+class DataIterator {
+ public:
+  DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank, int dp_size,
+               int64_t consumed_samples = 0);
+  /// The next micro-batch of this rank; advances by micro_batch_size * dp_size samples.
+  GPTBatch next();
+  int64_t consumed_samples() const { return consumed_samples_; }
+  const GPTDataset& dataset() const { return *dataset_; }
+
+ private:
+  std::shared_ptr<const GPTDataset> dataset_;
+  int64_t micro_batch_size_;
+  int dp_rank_, dp_size_;
+  int64_t consumed_samples_;
+};
+
+/// The datasets pretrain() draws from; valid and test may be null (no evaluation then).
+struct GPTDatasets {
+  std::shared_ptr<const GPTDataset> train, valid, test;
+};
+
+}  // namespace bridge::training

@@ -1,0 +1,52 @@
+// Evaluation (Megatron-Bridge's eval.py): forward passes only, in eval mode, over train.eval_iters steps of the
+// validation or test data; the end event sees the total loss dict while the model is still in eval mode.
+#include <cmath>
+#include <cstdio>
+
+#include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
+#include "training/pretrain_setup.h"
+#include "utils/logging.h"
+
+namespace bridge::training {
+
+LossDict evaluate(PretrainSetup& setup, bool is_test) {
+  const Event start = is_test ? Event::kTestStart : Event::kEvalStart;
+  const Event step_start = is_test ? Event::kTestStepStart : Event::kEvalStepStart;
+  const Event step_end = is_test ? Event::kTestStepEnd : Event::kEvalStepEnd;
+  const Event end = is_test ? Event::kTestEnd : Event::kEvalEnd;
+  std::vector<DataIterator>& data = is_test ? setup.test_data : setup.valid_data;
+
+  for (models::GPTModel& chunk : setup.model) chunk->eval();
+  setup.fire(start);
+  std::vector<std::map<std::string, torch::Tensor>> reported;
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t i = 0; i < setup.config.train.eval_iters; ++i) {
+      setup.fire(step_start);
+      auto step = forward_backward(setup, data, /*forward_only=*/true);
+      reported.insert(reported.end(), std::make_move_iterator(step.begin()), std::make_move_iterator(step.end()));
+      setup.fire(step_end);
+      setup.state.train_state.consumed_valid_samples += setup.config.train.global_batch_size;
+    }
+  }
+  const LossDict total = reduce_losses(setup, reported);
+  setup.fire(end, [&](CallbackContext& ctx) { ctx.total_loss_dict = total; });
+  for (models::GPTModel& chunk : setup.model) chunk->train();
+
+  if (parallel::get_rank() == setup.world_size - 1 && !total.empty()) {
+    std::string line = is_test ? " test loss at the end of training |"
+                               : " validation loss at iteration " + std::to_string(setup.state.train_state.step) + " |";
+    for (const auto& [key, value] : total) {
+      const double loss = value.item<double>();
+      char text[96];
+      std::snprintf(text, sizeof(text), " %s value: %E | %s PPL: %E |", key.c_str(), loss, key.c_str(),
+                    std::exp(std::min(20.0, loss)));
+      line += text;
+    }
+    utils::log_info_on_this_rank(line);
+  }
+  return total;
+}
+
+}  // namespace bridge::training

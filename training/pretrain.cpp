@@ -1,0 +1,187 @@
+// run_pretrain: setup (world, parallel groups, model, optimizer, scheduler, data) and the top level of a run:
+// training, post-training validation and test, and on_exception when anything fails.
+#include "training/pretrain.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/random.h"
+#include "training/pretrain_setup.h"
+#include "utils/logging.h"
+
+namespace bridge::training {
+namespace {
+
+// Releases what run_pretrain created (and only that), also when it throws.
+class ParallelScope {
+ public:
+  explicit ParallelScope(const ParallelismConfig& config) {
+    if (!parallel::is_distributed_initialized()) {
+      parallel::DistributedOptions options;
+      options.backend = config.backend;
+      options.timeout = config.timeout;
+      parallel::init_distributed(options);
+      owns_world_ = true;
+    }
+  }
+  void initialize_model_parallel(const ParallelismConfig& config) {
+    if (parallel::model_parallel_is_initialized()) {
+      const parallel::ParallelOptions& current = parallel::get_rank_layout().options;
+      if (current.tensor_model_parallel_size != config.tensor_model_parallel_size ||
+          current.pipeline_model_parallel_size != config.pipeline_model_parallel_size ||
+          current.virtual_pipeline_model_parallel_size != config.virtual_pipeline_model_parallel_size) {
+        throw std::invalid_argument(
+            "pretrain: the model-parallel groups already initialised do not match config.parallelism; call "
+            "destroy_model_parallel() first or let pretrain() create them");
+      }
+      return;
+    }
+    parallel::ParallelOptions options;
+    options.tensor_model_parallel_size = config.tensor_model_parallel_size;
+    options.pipeline_model_parallel_size = config.pipeline_model_parallel_size;
+    options.virtual_pipeline_model_parallel_size = config.virtual_pipeline_model_parallel_size;
+    parallel::initialize_model_parallel(options);
+    owns_model_parallel_ = true;
+  }
+  ~ParallelScope() {
+    if (owns_model_parallel_) parallel::destroy_model_parallel();
+    if (owns_world_) parallel::destroy_distributed();
+  }
+  ParallelScope(const ParallelScope&) = delete;
+  ParallelScope& operator=(const ParallelScope&) = delete;
+
+ private:
+  bool owns_world_ = false;
+  bool owns_model_parallel_ = false;
+};
+
+int default_num_threads() {
+  const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, parallel::get_launch_env().local_world_size));
+}
+
+GPTDatasets mock_datasets(const ConfigContainer& config) {
+  const int64_t vocab = config.model.vocab_size;
+  const int64_t seq = config.model.seq_length;
+  const uint64_t seed = config.rng.seed;
+  return {std::make_shared<MockGPTDataset>(vocab, seq, seed), std::make_shared<MockGPTDataset>(vocab, seq, seed + 1),
+          std::make_shared<MockGPTDataset>(vocab, seq, seed + 2)};
+}
+
+std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::shared_ptr<const GPTDataset>& dataset) {
+  std::vector<DataIterator> result;
+  if (!dataset) return result;
+  if (dataset->seq_length() != setup.config.model.seq_length) {
+    throw std::invalid_argument("the dataset's seq_length (" + std::to_string(dataset->seq_length()) +
+                                ") differs from model.seq_length (" + std::to_string(setup.config.model.seq_length) +
+                                "); build the datasets with model.seq_length");
+  }
+  for (std::size_t i = 0; i < setup.model.size(); ++i) {
+    result.emplace_back(dataset, setup.config.train.micro_batch_size, setup.data_parallel_rank,
+                        setup.data_parallel_size);
+  }
+  return result;
+}
+
+OptimizerParamSchedulerOptions scheduler_options(const ConfigContainer& config) {
+  const int64_t samples_per_step = config.train.global_batch_size;
+  OptimizerParamSchedulerOptions options;
+  options.init_lr = 0.0;
+  options.max_lr = config.optimizer.lr;
+  options.min_lr = config.optimizer.min_lr;
+  options.lr_warmup_steps = config.scheduler.lr_warmup_iters * samples_per_step;
+  const int64_t decay_iters =
+      config.scheduler.lr_decay_iters > 0 ? config.scheduler.lr_decay_iters : config.train.train_iters;
+  options.lr_decay_steps =
+      std::max<int64_t>(1, std::max(decay_iters, config.scheduler.lr_warmup_iters + 1)) * samples_per_step;
+  options.lr_decay_style = parse_lr_decay_style(config.scheduler.lr_decay_style);
+  return options;
+}
+
+// Model, data-parallel wrappers, optimizer and scheduler, then on_data_init_start, then the data.
+void build(PretrainSetup& setup) {
+  const ConfigContainer& config = setup.config;
+  setup.world_size = parallel::get_world_size();
+  setup.data_parallel_size = parallel::get_data_parallel_world_size();
+  setup.data_parallel_rank = parallel::get_data_parallel_rank();
+  setup.num_microbatches = config.num_microbatches(setup.world_size);
+  setup.tensor_shape = {config.model.seq_length, config.train.micro_batch_size, config.model.hidden_size};
+
+  setup.model = models::build_gpt_model(config.model);
+  for (models::GPTModel& chunk : setup.model) {
+    setup.chunks.push_back(chunk.ptr());
+    setup.ddp.push_back(std::make_unique<parallel::distributed::DistributedDataParallel>(chunk.ptr(), config.ddp));
+    for (const torch::Tensor& param : chunk->parameters()) {
+      if (param.requires_grad()) setup.params.push_back(param);
+    }
+  }
+  setup.embedding_weights = models::embedding_group_weights(setup.model);
+  setup.optimizer = build_optimizer(config.optimizer, setup.params);
+  setup.scheduler = std::make_unique<OptimizerParamScheduler>(*setup.optimizer, scheduler_options(config));
+
+  setup.fire_training(Event::kDataInitStart);
+
+  setup.datasets = config.dataset.provider ? config.dataset.provider(config) : mock_datasets(config);
+  if (!setup.datasets.train && config.train.train_iters > 0 && !config.train.skip_train) {
+    throw std::invalid_argument("dataset.provider returned no train dataset but train.train_iters is " +
+                                std::to_string(config.train.train_iters));
+  }
+  setup.train_data = iterators(setup, setup.datasets.train);
+  setup.valid_data = iterators(setup, setup.datasets.valid);
+  setup.test_data = iterators(setup, setup.datasets.test);
+  TrainState& train_state = setup.state.train_state;
+  train_state.do_train = !config.train.skip_train && config.train.train_iters > 0;
+  train_state.do_valid = !setup.valid_data.empty() && config.train.eval_iters > 0;
+  train_state.do_test = !setup.test_data.empty() && config.train.eval_iters > 0;
+}
+
+void report_exception(PretrainSetup& setup, std::exception_ptr error) {
+  if (!should_fire(setup.callbacks, Event::kException)) return;
+  std::string what = "unknown exception";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  try {
+    setup.fire(Event::kException, [&](CallbackContext& ctx) { ctx.exception = ExceptionInfo{error, what}; });
+  } catch (const std::exception& e) {
+    utils::logger().error("an on_exception callback failed too (the original error follows): {}", e.what());
+  }
+}
+
+}  // namespace
+
+TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
+                        std::shared_ptr<CallbackManager> callbacks) {
+  if (!step_fn) throw std::invalid_argument("pretrain: step_fn is empty; pass gpt_forward_step or your own");
+  ParallelScope scope(config.parallelism);
+  config.validate(parallel::get_world_size());
+  scope.initialize_model_parallel(config.parallelism);
+  torch::set_num_threads(config.train.num_threads > 0 ? config.train.num_threads : default_num_threads());
+  // Megatron's seeds: +100 per pipeline stage for the default stream, +2718 + tp rank for the tensor-parallel one.
+  parallel::tensor_parallel::model_parallel_manual_seed(
+      config.rng.seed + 100 * static_cast<uint64_t>(parallel::get_pipeline_model_parallel_rank()));
+
+  auto setup = std::make_unique<PretrainSetup>();
+  setup->config = config;
+  setup->state.cfg = &setup->config;
+  setup->callbacks = std::move(callbacks);
+  if (setup->callbacks) setup->callbacks->set_rank(parallel::get_rank(), parallel::get_world_size());
+  setup->step_fn = std::move(step_fn);
+  try {
+    build(*setup);
+    if (setup->state.train_state.do_train) train(*setup);
+    if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false);
+    if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true);
+  } catch (...) {
+    report_exception(*setup, std::current_exception());
+    throw;
+  }
+  return setup->state.train_state;
+}
+
+}  // namespace bridge::training

@@ -1,0 +1,90 @@
+// What one pretrain() run owns once set up: the model chunks with their data-parallel wrappers, the optimizer and
+// scheduler, the data iterators and the callbacks. setup() builds it; train(), evaluate() and save_checkpoint() work
+// on it. Internal to the loop; users see these objects through CallbackContext.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "bridge/models/gpt_model.h"
+#include "parallel/distributed/distributed_data_parallel.h"
+#include "training/callback_context.h"
+#include "training/callback_manager.h"
+#include "training/config.h"
+#include "training/data.h"
+#include "training/forward_step.h"
+#include "training/optimizer_param_scheduler.h"
+#include "training/state.h"
+
+namespace bridge::training {
+
+struct PretrainSetup {
+  ConfigContainer config;
+  GlobalState state;
+  std::shared_ptr<CallbackManager> callbacks;  // null: no callbacks
+  ForwardStepFn step_fn;
+
+  std::vector<models::GPTModel> model;  // this rank's chunks
+  ModelChunks chunks;                   // the same modules, as callbacks see them
+  std::vector<std::unique_ptr<parallel::distributed::DistributedDataParallel>> ddp;  // one per chunk
+  std::vector<torch::Tensor> params;             // every trainable parameter of this rank
+  std::vector<torch::Tensor> embedding_weights;  // summed over the embedding group (pp > 1)
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<OptimizerParamScheduler> scheduler;
+
+  int world_size = 1;
+  int data_parallel_size = 1;
+  int data_parallel_rank = 0;
+  int64_t num_microbatches = 1;
+  std::vector<int64_t> tensor_shape;  // activations between stages: [seq, micro_batch, hidden]
+
+  GPTDatasets datasets;
+  // One iterator per model chunk, as Megatron's interleaved schedule keeps: each chunk draws its micro-batches in
+  // order, so the first and last chunk see the same micro-batch at the same position.
+  std::vector<DataIterator> train_data, valid_data, test_data;
+
+  /// Fires `event` on this rank's callbacks with a context over the state and model; `fill` sets the event's fields.
+  template <class Fill>
+  void fire(Event event, Fill&& fill) {
+    if (!should_fire(callbacks, event)) return;
+    CallbackContext ctx(state, chunks, callbacks->user_state());
+    fill(ctx);
+    callbacks->fire(event, ctx);
+  }
+  void fire(Event event) {
+    fire(event, [](CallbackContext&) {});
+  }
+  /// As fire(), with the optimizer and scheduler set (the training events).
+  template <class Fill>
+  void fire_training(Event event, Fill&& fill) {
+    fire(event, [&](CallbackContext& ctx) {
+      ctx.optimizer = optimizer.get();
+      ctx.scheduler = scheduler.get();
+      fill(ctx);
+    });
+  }
+  void fire_training(Event event) {
+    fire_training(event, [](CallbackContext&) {});
+  }
+};
+
+/// Runs the step function over `data` (one iterator per chunk) through the pipeline schedule. With `forward_only`,
+/// no gradients (evaluation); otherwise gradients are accumulated, reduced over data parallel and finalised. Returns
+/// the reported losses of each micro-batch on the last stage, empty elsewhere.
+std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup& setup,
+                                                                   std::vector<DataIterator>& data, bool forward_only);
+
+/// Reduces the reported [sum, count] pairs of every micro-batch over data-parallel ranks into key -> sum / count on
+/// the last stage; an empty map elsewhere (Megatron's loss_dict).
+LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::string, torch::Tensor>>& reported);
+
+/// Evaluates on the validation (or, with `is_test`, test) data for train.eval_iters steps with the eval/test events;
+/// returns the total loss dict (empty off the last stage).
+LossDict evaluate(PretrainSetup& setup, bool is_test);
+
+/// The training loop; returns normally at train_iters or on a requested stop, throws TrainingAborted on abort.
+void train(PretrainSetup& setup);
+
+}  // namespace bridge::training
