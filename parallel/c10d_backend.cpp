@@ -213,14 +213,24 @@ std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezv
         "'gloo' for CPU tensors.");
 #endif
   }
+  auto fail = [&](const std::string& what) {
+    return std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
+                              std::to_string(size) + ") failed: " + what);
+  };
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(gloo_device(rendezvous->host));
-    return std::make_unique<C10dGroup<c10d::ProcessGroupGloo>>(
+    auto group = std::make_unique<C10dGroup<c10d::ProcessGroupGloo>>(
         c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), timeout);
+    // Gloo's connect returns on a rank before its peers have finished their side of the handshake; a rank that
+    // then destroyed the group at once would break a slower peer's connect. The barrier returns only once every
+    // member is connected.
+    group->barrier();
+    return group;
   } catch (const c10::Error& error) {
-    throw std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
-                             std::to_string(size) + ") failed: " + error.what_without_backtrace());
+    throw fail(error.what_without_backtrace());
+  } catch (const std::exception& error) {  // Gloo's own IoException, and our run_to_completion's errors
+    throw fail(error.what());
   }
 }
 
