@@ -70,6 +70,7 @@ void ConfigContainer::validate(int world_size) const {
                 ") must be 0 or >= the pipeline size, or the interleaved schedule stalls on dependency bubbles");
   }
 
+  require(ddp.bucket_size >= 0, "ddp.bucket_size must be >= 0 (0: Megatron's default), got " + str(ddp.bucket_size));
   model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size);
   optimizer.validate();
   require(scheduler.lr_warmup_iters >= 0, "scheduler.lr_warmup_iters must be >= 0");

@@ -36,6 +36,8 @@ struct TrainingConfig {
   /// Steps per evaluation; 0 disables validation and test.
   int64_t eval_iters = 0;
   bool skip_train = false;
+  /// Fail the run when the gradient norm is NaN or infinite (Megatron's check_for_nan_in_loss_and_grad).
+  bool check_for_nan_in_loss_and_grad = true;
   /// Intra-op threads per rank; 0 = the machine's cores divided among the ranks on this node. LibTorch otherwise
   /// defaults to one.
   int num_threads = 0;

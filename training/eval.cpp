@@ -10,7 +10,7 @@
 
 namespace bridge::training {
 
-LossDict evaluate(PretrainSetup& setup, bool is_test) {
+LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training) {
   const Event start = is_test ? Event::kTestStart : Event::kEvalStart;
   const Event step_start = is_test ? Event::kTestStepStart : Event::kEvalStepStart;
   const Event step_end = is_test ? Event::kTestStepEnd : Event::kEvalStepEnd;
@@ -27,7 +27,7 @@ LossDict evaluate(PretrainSetup& setup, bool is_test) {
       auto step = forward_backward(setup, data, /*forward_only=*/true);
       reported.insert(reported.end(), std::make_move_iterator(step.begin()), std::make_move_iterator(step.end()));
       setup.fire(step_end);
-      setup.state.train_state.consumed_valid_samples += setup.config.train.global_batch_size;
+      if (!is_test) setup.state.train_state.consumed_valid_samples += setup.config.train.global_batch_size;
     }
   }
   const LossDict total = reduce_losses(setup, reported);
@@ -35,8 +35,9 @@ LossDict evaluate(PretrainSetup& setup, bool is_test) {
   for (models::GPTModel& chunk : setup.model) chunk->train();
 
   if (parallel::get_rank() == setup.world_size - 1 && !total.empty()) {
-    std::string line = is_test ? " test loss at the end of training |"
-                               : " validation loss at iteration " + std::to_string(setup.state.train_state.step) + " |";
+    const std::string when =
+        after_training ? "the end of training" : "iteration " + std::to_string(setup.state.train_state.step);
+    std::string line = (is_test ? " test loss at " : " validation loss at ") + when + " |";
     for (const auto& [key, value] : total) {
       const double loss = value.item<double>();
       char text[96];

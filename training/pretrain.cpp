@@ -135,6 +135,15 @@ void build(PretrainSetup& setup) {
   train_state.do_train = !config.train.skip_train && config.train.train_iters > 0;
   train_state.do_valid = !setup.valid_data.empty() && config.train.eval_iters > 0;
   train_state.do_test = !setup.test_data.empty() && config.train.eval_iters > 0;
+  // Evaluation is collective: a provider that gave a dataset to some ranks only would leave the others waiting.
+  torch::Tensor flags = torch::tensor({train_state.do_valid ? 1.0 : 0.0, train_state.do_test ? 1.0 : 0.0,
+                                       train_state.do_valid ? -1.0 : 0.0, train_state.do_test ? -1.0 : 0.0});
+  parallel::get_world_group().all_reduce(flags, parallel::ReduceOp::kMax);
+  if (flags[0].item<double>() != -flags[2].item<double>() || flags[1].item<double>() != -flags[3].item<double>()) {
+    throw std::invalid_argument(
+        "dataset.provider returned a validation or test dataset on some ranks but not on others; return the same "
+        "datasets on every rank");
+  }
 }
 
 void report_exception(PretrainSetup& setup, std::exception_ptr error) {
@@ -175,8 +184,11 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
   try {
     build(*setup);
     if (setup->state.train_state.do_train) train(*setup);
-    if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false);
-    if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true);
+    if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false, /*after_training=*/true);
+    if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true, /*after_training=*/true);
+    // Requests made after the last step (on_train_end, the final save, evaluation) are acted on too, and none is
+    // left behind for the next run that reuses this manager.
+    act_on_control_requests(*setup, /*training=*/false);
   } catch (...) {
     report_exception(*setup, std::current_exception());
     throw;

@@ -40,6 +40,8 @@ struct PretrainSetup {
   int64_t num_microbatches = 1;
   std::vector<int64_t> tensor_shape;  // activations between stages: [seq, micro_batch, hidden]
 
+  int64_t last_saved_step = -1;  // the step of the newest checkpoint this run wrote
+
   GPTDatasets datasets;
   // One iterator per model chunk, as Megatron's interleaved schedule keeps: each chunk draws its micro-batches in
   // order, so the first and last chunk see the same micro-batch at the same position.
@@ -81,10 +83,15 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
 LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::string, torch::Tensor>>& reported);
 
 /// Evaluates on the validation (or, with `is_test`, test) data for train.eval_iters steps with the eval/test events;
-/// returns the total loss dict (empty off the last stage).
-LossDict evaluate(PretrainSetup& setup, bool is_test);
+/// returns the total loss dict (empty off the last stage). `after_training` only changes the log line.
+LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training);
 
 /// The training loop; returns normally at train_iters or on a requested stop, throws TrainingAborted on abort.
 void train(PretrainSetup& setup);
+
+/// Agrees with every rank on the control requests made since the last call and acts on them: throws
+/// TrainingAborted on an abort, saves on a save request (when checkpoint.save is set). Returns whether a stop was
+/// requested; outside training (`training` false) a stop has nothing left to stop and is only logged.
+bool act_on_control_requests(PretrainSetup& setup, bool training);
 
 }  // namespace bridge::training

@@ -85,11 +85,21 @@ LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::str
       if (!inserted) it->second = it->second + flat;
     }
   }
-  if (sums.empty()) return losses;
+  // Replicas must report the same keys and shapes, or the all-reduce below would mix them up: check that first.
   std::vector<torch::Tensor> parts;
   for (const auto& entry : sums) parts.push_back(entry.second);
+  parallel::ProcessGroup& data_parallel = parallel::get_data_parallel_group(/*with_context_parallel=*/true);
+  const auto elements = static_cast<double>(parts.empty() ? 0 : torch::cat(parts).numel());
+  torch::Tensor extent = torch::tensor({elements, -elements}, torch::kDouble);
+  data_parallel.all_reduce(extent, parallel::ReduceOp::kMax);
+  if (extent[0].item<double>() != -extent[1].item<double>()) {
+    throw std::runtime_error(
+        "data-parallel ranks reported different loss keys or shapes (this rank: " + std::to_string(sums.size()) +
+        " keys); a loss function must report the same keys on every rank and micro-batch");
+  }
+  if (sums.empty()) return losses;
   torch::Tensor packed = torch::cat(parts);
-  parallel::get_data_parallel_group(/*with_context_parallel=*/true).all_reduce(packed);
+  data_parallel.all_reduce(packed);
   int64_t offset = 0;
   const double replicas = static_cast<double>(setup.data_parallel_size);
   const double micro_batches = static_cast<double>(reported.size());
@@ -119,6 +129,13 @@ StepOutcome train_step(PretrainSetup& setup) {
   StepOutcome outcome;
   const double clip = setup.config.optimizer.clip_grad;
   outcome.grad_norm = clip > 0.0 ? clip_grad_norm(setup.params, clip) : get_grad_norm_fp32(setup.params);
+  // The norm is reduced over the model-parallel group and equal on every rank, so all of them stop here together.
+  if (setup.config.train.check_for_nan_in_loss_and_grad && !std::isfinite(outcome.grad_norm)) {
+    throw std::runtime_error("the gradient norm is " + std::to_string(outcome.grad_norm) + " at step " +
+                             std::to_string(setup.state.train_state.step) +
+                             ": the loss or gradients are NaN or infinite. Lower optimizer.lr, check the data, or "
+                             "set train.check_for_nan_in_loss_and_grad = false to train on");
+  }
   setup.fire_training(Event::kOptimizerStepStart, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
   setup.optimizer->step();
   setup.fire_training(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
@@ -155,22 +172,50 @@ void training_log(PretrainSetup& setup, const StepOutcome& outcome, double milli
   line += " global batch size: " + std::to_string(setup.config.train.global_batch_size) + " |";
   for (const auto& [key, value] : outcome.loss_dict)
     line += " " + key + ": " + format_value(value.item<double>()) + " |";
-  line += " grad norm: " + std::to_string(outcome.grad_norm).substr(0, 8) + " |";
+  char grad_norm[48];
+  std::snprintf(grad_norm, sizeof(grad_norm), " grad norm: %.3f |", outcome.grad_norm);
+  line += grad_norm;
   for (const std::string& text : record.text) line += " " + text + " |";
   utils::log_info_on_this_rank(line);
 }
 
 }  // namespace
 
+bool act_on_control_requests(PretrainSetup& setup, bool training) {
+  const AgreedControl control =
+      agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group());
+  if (!control.any()) return false;
+  const int64_t step = setup.state.train_state.step;
+  utils::logger().info("control requests after step {}:\n{}", step, control.summary);
+  if (control.abort) {
+    throw TrainingAborted("training aborted after step " + std::to_string(step) + " on a callback's request:\n" +
+                          control.summary);
+  }
+  if (control.save) {
+    if (setup.config.checkpoint.save.empty()) {
+      utils::logger().warn("a callback asked to save, but checkpoint.save (the directory) is not set: not saved");
+    } else if (setup.last_saved_step != step) {
+      save_checkpoint(setup);
+    }
+  }
+  if (control.stop && !training) utils::logger().info("a stop request after training has nothing left to stop");
+  return control.stop && training;
+}
+
 void train(PretrainSetup& setup) {
   const ConfigContainer& config = setup.config;
   TrainState& train_state = setup.state.train_state;
   for (models::GPTModel& chunk : setup.model) chunk->train();
   setup.fire_training(Event::kTrainStart);
+  // A pre-flight check in on_data_init_start or on_train_start may already have asked to stop or abort.
+  if (act_on_control_requests(setup, /*training=*/true)) {
+    utils::logger().info("stopping before the first step as requested");
+    setup.fire_training(Event::kTrainEnd);
+    return;
+  }
 
   auto interval_start = std::chrono::steady_clock::now();
   int64_t steps_in_interval = 0;
-  int64_t last_saved = -1;
   while (train_state.step < config.train.train_iters) {
     setup.fire_training(Event::kTrainStepStart);
     const StepOutcome outcome = train_step(setup);
@@ -192,31 +237,19 @@ void train(PretrainSetup& setup) {
       steps_in_interval = 0;
     }
     if (train_state.do_valid && config.train.eval_interval > 0 && train_state.step % config.train.eval_interval == 0) {
-      evaluate(setup, /*is_test=*/false);
+      evaluate(setup, /*is_test=*/false, /*after_training=*/false);
     }
 
-    // Every rank learns the same requests here, so all act on this same step.
-    const AgreedControl control =
-        agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group());
-    if (control.any()) utils::logger().info("control requests after step {}:\n{}", train_state.step, control.summary);
-    if (control.abort) {
-      throw TrainingAborted("training aborted after step " + std::to_string(train_state.step) +
-                            " on a callback's request:\n" + control.summary);
-    }
     const bool interval_save =
         config.checkpoint.save_interval > 0 && train_state.step % config.checkpoint.save_interval == 0;
-    if ((interval_save || control.save) && !config.checkpoint.save.empty()) {
-      save_checkpoint(setup);
-      last_saved = train_state.step;
-    } else if (control.save) {
-      utils::logger().warn("a callback asked to save, but checkpoint.save (the directory) is not set: not saved");
-    }
-    if (control.stop) {
+    if (interval_save) save_checkpoint(setup);
+    // Every rank learns the same requests here, so all act on this same step.
+    if (act_on_control_requests(setup, /*training=*/true)) {
       utils::logger().info("stopping after step {} as requested", train_state.step);
       break;
     }
   }
-  if (!config.checkpoint.save.empty() && train_state.step > 0 && last_saved != train_state.step) {
+  if (!config.checkpoint.save.empty() && train_state.step > 0 && setup.last_saved_step != train_state.step) {
     save_checkpoint(setup);
   }
   setup.fire_training(Event::kTrainEnd);

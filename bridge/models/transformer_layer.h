@@ -29,6 +29,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   int64_t local_heads_;
   int64_t head_dim_;
   double attention_dropout_;
+  torch::Tensor causal_mask_ = torch::empty({0, 0}, torch::kBool);  // [s, s], true above the diagonal; per length
 };
 TORCH_MODULE(SelfAttention);
 

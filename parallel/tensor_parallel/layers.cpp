@@ -115,6 +115,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions opts) : op
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
+  // Alone, there is no reduction to wait for: the bias joins the GEMM (addmm).
+  if (!options.skip_bias_add && get_tensor_model_parallel_world_size() == 1) return torch::linear(input, weight, bias);
   const torch::Tensor input_parallel =
       options.input_is_parallel ? input : scatter_to_tensor_model_parallel_region(input);
   const torch::Tensor output = reduce_from_tensor_model_parallel_region(torch::linear(input_parallel, weight));

@@ -3,6 +3,7 @@
 // address; such entries are pruned as the map grows.
 #include "parallel/tensor_parallel/param_attributes.h"
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <string>

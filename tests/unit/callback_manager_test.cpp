@@ -613,5 +613,46 @@ TEST(ShouldFire, MB42_WorksWithClassBasedCallbacks) {
   EXPECT_FALSE(should_fire(&manager, Event::kEvalStart));
 }
 
+// Extension: a registration limited to the first or last rank runs only there; the default runs everywhere.
+class StepCounter : public Callback {
+ public:
+  int steps = 0;
+  void on_train_step_end(CallbackContext&) override { ++steps; }
+};
+
+TEST_F(CallbackTest, RankFilterLimitsARegistrationToTheFirstOrLastRank) {
+  std::vector<std::string> ran;
+  manager.register_callback(
+      Event::kTrainStepEnd, [&](CallbackContext&) { ran.push_back("all"); }, "all");
+  manager.register_callback(
+      Event::kTrainStepEnd, [&](CallbackContext&) { ran.push_back("first"); }, "first", RankFilter::kFirst);
+  manager.register_callback(
+      Event::kTrainStepEnd, [&](CallbackContext&) { ran.push_back("last"); }, "last", RankFilter::kLast);
+  auto counter = std::make_shared<StepCounter>();
+  manager.add(counter, RankFilter::kLast);
+
+  manager.fire(Event::kTrainStepEnd, ctx);  // alone: rank 0 of 1 is both first and last
+  EXPECT_EQ(ran, (std::vector<std::string>{"all", "first", "last"}));
+  EXPECT_EQ(counter->steps, 1);
+
+  ran.clear();
+  manager.set_rank(0, 4);
+  manager.fire(Event::kTrainStepEnd, ctx);
+  EXPECT_EQ(ran, (std::vector<std::string>{"all", "first"}));
+  EXPECT_EQ(counter->steps, 1);
+
+  ran.clear();
+  manager.set_rank(3, 4);
+  manager.fire(Event::kTrainStepEnd, ctx);
+  EXPECT_EQ(ran, (std::vector<std::string>{"all", "last"}));
+  EXPECT_EQ(counter->steps, 2);
+
+  ran.clear();
+  manager.set_rank(1, 4);
+  manager.fire(Event::kTrainStepEnd, ctx);
+  EXPECT_EQ(ran, (std::vector<std::string>{"all"}));
+  EXPECT_THROW(manager.set_rank(4, 4), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace bridge::training

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -138,8 +140,12 @@ TEST(PretrainEvents, ReferenceEndToEndSequence) {
   // Every step_start is followed by its step_end before the next step_start.
   std::string previous;
   for (const std::string& event : events) {
-    if (event == "on_train_step_start") EXPECT_NE(previous, "on_train_step_start");
-    if (event == "on_train_step_end") EXPECT_EQ(previous, "on_train_step_start");
+    if (event == "on_train_step_start") {
+      EXPECT_NE(previous, "on_train_step_start");
+    }
+    if (event == "on_train_step_end") {
+      EXPECT_EQ(previous, "on_train_step_start");
+    }
     if (event.rfind("on_train_step", 0) == 0) previous = event;
   }
   // Order inside step 5 (index 4) and step 7: step_end, then eval, then the save.
@@ -247,6 +253,80 @@ TEST(PretrainEvents, AbortThrowsAndFiresOnExceptionButNotTrainEnd) {
   }
   EXPECT_FALSE(train_end);
   EXPECT_THAT(seen, HasSubstr("diverged"));
+}
+
+TEST(PretrainEvents, RequestsAfterTheLastStepAreActedOnAndNotLeftForTheNextRun) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 2;
+  config.train.eval_iters = 1;
+  auto manager = std::make_shared<CallbackManager>();
+  bool armed = true;
+  manager->register_callback(Event::kTestEnd, [&](CallbackContext& ctx) {
+    if (armed) ctx.request_abort("test loss is NaN");
+  });
+  EXPECT_THROW(pretrain(config, gpt_forward_step, manager), TrainingAborted);
+  armed = false;
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 2);  // nothing stale stops the next run
+}
+
+TEST(PretrainEvents, StopRequestedBeforeTheFirstStepTrainsNothing) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 5;
+  int steps = 0;
+  bool train_end = false;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(Event::kTrainStart, [](CallbackContext& ctx) { ctx.request_stop("dry run"); });
+  manager->register_callback(Event::kTrainStepStart, [&](CallbackContext&) { ++steps; });
+  manager->register_callback(Event::kTrainEnd, [&](CallbackContext&) { train_end = true; });
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 0);
+  EXPECT_EQ(steps, 0);
+  EXPECT_TRUE(train_end);
+}
+
+TEST(PretrainEvents, NonFiniteGradientsFailTheRunNamingTheSwitch) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 3;
+  auto poisoned = [](DataIterator& data, models::GPTModel& model) {
+    StepResult result = gpt_forward_step(data, model);
+    result.first = result.first * std::numeric_limits<float>::quiet_NaN();
+    return result;
+  };
+  try {
+    pretrain(config, poisoned);
+    FAIL() << "expected the NaN check to fail the run";
+  } catch (const std::runtime_error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("train.check_for_nan_in_loss_and_grad"));
+  }
+  config.train.check_for_nan_in_loss_and_grad = false;
+  EXPECT_EQ(pretrain(config, poisoned).step, 3);
+}
+
+TEST(PretrainCheckpoint, AFailedWriteFailsTheRunAndKeepsThePreviousCheckpoint) {
+  const fs::path root = fs::temp_directory_path() / ("bridge_pretrain_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 4;
+  config.checkpoint.save = root.string();
+  config.checkpoint.save_interval = 2;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(Event::kCheckpointSave, [&](CallbackContext& ctx) {
+    // Block the next save: a regular file where its directory should go.
+    std::ofstream(root / "iter_0000004") << "not a directory";
+    EXPECT_EQ(ctx.checkpoint->iteration, 2);
+  });
+  try {
+    pretrain(config, gpt_forward_step, manager);
+    FAIL() << "expected the second save to fail";
+  } catch (const std::runtime_error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("saving checkpoint iteration 4"));
+    EXPECT_THAT(error.what(), HasSubstr("still names the previous complete checkpoint"));
+  }
+  std::ifstream tracker(root / "latest_checkpointed_iteration.txt");
+  int64_t latest = 0;
+  tracker >> latest;
+  EXPECT_EQ(latest, 2);
+  EXPECT_TRUE(fs::exists(root / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt"));
+  fs::remove_all(root);
 }
 
 TEST(PretrainSteps, BothStepFunctionShapesAndFunctorsWork) {
