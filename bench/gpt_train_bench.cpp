@@ -1,0 +1,141 @@
+// GPT training throughput through bridge's real pretrain(config, gpt_forward_step, callbacks), one process (tp = pp
+// = dp = 1) on mock data, for comparison with the same model and step in Python PyTorch (gpt_train_bench.py, run
+// side by side by run_gpt_train_bench.sh). Prints one machine-readable line:
+//   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count>
+//
+//   gpt_train_bench --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bridge/bridge.h"
+
+namespace {
+
+using namespace bridge::training;
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> values) {
+  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cxxopts::Options options("gpt_train_bench", "GPT training throughput through bridge's pretrain()");
+  options.add_options()("layers", "transformer layers", cxxopts::value<int64_t>()->default_value("4"))(
+      "hidden", "hidden size", cxxopts::value<int64_t>()->default_value("256"))(
+      "heads", "attention heads", cxxopts::value<int64_t>()->default_value("4"))(
+      "seq", "sequence length", cxxopts::value<int64_t>()->default_value("128"))(
+      "vocab", "vocabulary (padded to a multiple of 128)", cxxopts::value<int64_t>()->default_value("8192"))(
+      "micro-batch", "sequences per step (one micro-batch per step)", cxxopts::value<int64_t>()->default_value("8"))(
+      "steps", "timed steps", cxxopts::value<int64_t>()->default_value("10"))(
+      "warmup-steps", "untimed steps before them", cxxopts::value<int64_t>()->default_value("2"))(
+      "threads", "intra-op threads", cxxopts::value<int>()->default_value("2"))("h,help", "print this help");
+  try {
+    const cxxopts::ParseResult args = options.parse(argc, argv);
+    if (args.count("help")) {
+      std::printf("%s\n", options.help().c_str());
+      return 0;
+    }
+    const int64_t steps = args["steps"].as<int64_t>();
+    const int64_t warmup = args["warmup-steps"].as<int64_t>();
+    const int threads = args["threads"].as<int>();
+
+    ConfigContainer config;
+    config.model.num_layers = args["layers"].as<int64_t>();
+    config.model.hidden_size = args["hidden"].as<int64_t>();
+    config.model.num_attention_heads = args["heads"].as<int64_t>();
+    config.model.seq_length = args["seq"].as<int64_t>();
+    config.model.vocab_size = args["vocab"].as<int64_t>();
+    config.model.make_vocab_size_divisible_by = 128;
+    config.model.hidden_dropout = 0.0;
+    config.model.attention_dropout = 0.0;
+    config.model.share_embeddings_and_output_weights = true;
+    config.train.micro_batch_size = args["micro-batch"].as<int64_t>();
+    config.train.global_batch_size = config.train.micro_batch_size;
+    config.train.train_iters = warmup + steps;
+    config.train.num_threads = threads;
+    config.optimizer.clip_grad = 1.0;
+    // The log line reads losses back and prints; keep it out of every timed step.
+    config.logging.log_interval = std::numeric_limits<int64_t>::max();
+
+    int64_t params = 0;
+    double first_loss = std::numeric_limits<double>::quiet_NaN();
+    // Marks in the order the step reaches them; the phases between them say where a difference to Python lies.
+    // zero: grad-buffer zeroing; fwd: batch, model and loss; clip: finalize_model_grads and the grad-norm clip;
+    // rest: what is left, the scheduler and the loss read-back (reduce_losses) mostly.
+    enum Mark { kStepStart, kForwardStart, kForwardEnd, kBackwardStart, kBackwardEnd, kOptStart, kOptEnd, kMarks };
+    std::array<Clock::time_point, kMarks> marks;
+    std::vector<double> step_ms;
+    std::map<std::string, std::vector<double>> phase_ms;
+    auto callbacks = std::make_shared<CallbackManager>();
+    callbacks->register_callback(Event::kTrainStart, [&](CallbackContext& ctx) {
+      for (const auto& chunk : ctx.model) {
+        for (const torch::Tensor& param : chunk->parameters()) params += param.numel();
+      }
+    });
+    const std::pair<Event, Mark> mark_events[] = {
+        {Event::kTrainStepStart, kStepStart}, {Event::kForwardStart, kForwardStart},
+        {Event::kForwardEnd, kForwardEnd},    {Event::kBackwardStart, kBackwardStart},
+        {Event::kBackwardEnd, kBackwardEnd},  {Event::kOptimizerStepStart, kOptStart},
+        {Event::kOptimizerStepEnd, kOptEnd}};
+    for (const auto& [event, mark] : mark_events) {
+      callbacks->register_callback(event, [&marks, mark = mark](CallbackContext&) { marks[mark] = Clock::now(); });
+    }
+    callbacks->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+      // Read the clock before anything else so the loss read-back below stays out of the step.
+      const auto end = Clock::now();
+      auto ms_between = [](Clock::time_point a, Clock::time_point b) {
+        return std::chrono::duration<double, std::milli>(b - a).count();
+      };
+      const double ms = ms_between(marks[kStepStart], end);
+      if (ctx.state.train_state.step >= warmup) {
+        step_ms.push_back(ms);
+        const double zero = ms_between(marks[kStepStart], marks[kForwardStart]);
+        const double forward = ms_between(marks[kForwardStart], marks[kForwardEnd]);
+        const double backward = ms_between(marks[kBackwardStart], marks[kBackwardEnd]);
+        const double clip = ms_between(marks[kBackwardEnd], marks[kOptStart]);
+        const double opt = ms_between(marks[kOptStart], marks[kOptEnd]);
+        phase_ms["zero"].push_back(zero);
+        phase_ms["fwd"].push_back(forward);
+        phase_ms["bwd"].push_back(backward);
+        phase_ms["clip"].push_back(clip);
+        phase_ms["opt"].push_back(opt);
+        phase_ms["rest"].push_back(ms - zero - forward - backward - clip - opt);
+      }
+      if (ctx.state.train_state.step == 0 && !ctx.loss_dict->empty()) {
+        first_loss = ctx.loss_dict->at("lm loss").item<double>();
+      }
+    });
+
+    pretrain(config, gpt_forward_step, callbacks);
+
+    const double ms = median(step_ms);
+    const auto tokens = static_cast<double>(config.train.micro_batch_size * config.model.seq_length);
+    std::printf("cpp first_loss=%.4f ln_vocab=%.4f\n", first_loss,
+                std::log(static_cast<double>(config.model.vocab_size)));
+    std::printf("cpp phases_ms");
+    for (const char* phase : {"zero", "fwd", "bwd", "clip", "opt", "rest"}) {
+      std::printf(" %s=%.2f", phase, median(phase_ms[phase]));
+    }
+    std::printf("\n");
+    std::printf("cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld\n", tokens / (ms / 1000.0), ms,
+                step_ms.size(), threads, static_cast<long long>(params));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_train_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

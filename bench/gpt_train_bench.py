@@ -1,0 +1,157 @@
+"""The Python PyTorch reference for gpt_train_bench.cpp: the same GPT and training step as bridge's pretrain() with
+tp = pp = dp = 1, op for op and shape for shape, on the same LibTorch (Debian's python3-torch 1.13), so that the
+ratio of the two isolates what bridge's C++ loop costs or saves. run_gpt_train_bench.sh runs both side by side.
+Prints one machine-readable line:
+  python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count>
+
+  /usr/bin/python3 bench/gpt_train_bench.py --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 \
+      --micro-batch 4 --steps 4
+"""
+import argparse
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, hidden, heads, std, out_std):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.linear_qkv = nn.Linear(hidden, 3 * hidden)
+        self.linear_proj = nn.Linear(hidden, hidden)
+        init_linear(self.linear_qkv, std)
+        init_linear(self.linear_proj, out_std)
+
+    def forward(self, x):  # x: [s, b, h]
+        s, b, h = x.shape
+        qkv = self.linear_qkv(x)
+
+        def heads(which):  # -> [b, heads, s, head_dim], as bridge's narrow/reshape/permute
+            return qkv.narrow(-1, which * h, h).reshape(s, b, self.heads, self.head_dim).permute(1, 2, 0, 3)
+
+        q, k, v = heads(0), heads(1), heads(2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        # Built every call, as bridge does, so both pay for it.
+        future = torch.ones(s, s, dtype=torch.bool).triu(1)
+        probs = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
+        context = torch.matmul(probs, v).permute(2, 0, 1, 3).reshape(s, b, h)
+        return self.linear_proj(context)
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, hidden, heads, ffn, std, out_std, eps):
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(hidden, eps=eps)
+        self.self_attention = SelfAttention(hidden, heads, std, out_std)
+        self.pre_mlp_layernorm = nn.LayerNorm(hidden, eps=eps)
+        self.linear_fc1 = nn.Linear(hidden, ffn)
+        self.linear_fc2 = nn.Linear(ffn, hidden)
+        init_linear(self.linear_fc1, std)
+        init_linear(self.linear_fc2, out_std)
+
+    def forward(self, x):
+        residual = x + self.self_attention(self.input_layernorm(x))
+        return residual + self.linear_fc2(F.gelu(self.linear_fc1(self.pre_mlp_layernorm(residual))))
+
+
+def init_linear(linear, std):
+    # Megatron's init, as bridge: normal weights (std / sqrt(2L) for output projections), zero biases.
+    nn.init.normal_(linear.weight, 0.0, std)
+    nn.init.zeros_(linear.bias)
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, hidden, heads, seq, padded_vocab, eps=1e-5, std=0.02):
+        super().__init__()
+        out_std = std / math.sqrt(2.0 * layers)
+        self.word_embeddings = nn.Embedding(padded_vocab, hidden)
+        self.position_embeddings = nn.Embedding(seq, hidden)
+        nn.init.normal_(self.word_embeddings.weight, 0.0, std)
+        nn.init.normal_(self.position_embeddings.weight, 0.0, std)
+        self.layers = nn.ModuleList(
+            TransformerLayer(hidden, heads, 4 * hidden, std, out_std, eps) for _ in range(layers))
+        self.final_layernorm = nn.LayerNorm(hidden, eps=eps)
+
+    def forward(self, tokens, position_ids, labels):  # [b, s] each; returns the per-token loss [b, s]
+        x = (self.word_embeddings(tokens) + self.position_embeddings(position_ids)).transpose(0, 1).contiguous()
+        for layer in self.layers:
+            x = layer(x)
+        logits = F.linear(self.final_layernorm(x), self.word_embeddings.weight)  # tied: [s, b, V]
+        s, b, v = logits.shape
+        losses = F.cross_entropy(logits.view(s * b, v), labels.transpose(0, 1).reshape(-1), reduction="none")
+        return losses.view(s, b).transpose(0, 1).contiguous()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1234)
+    padded_vocab = (args.vocab + 127) // 128 * 128  # make_vocab_size_divisible_by 128, tp 1
+    model = GPT(args.layers, args.hidden, args.heads, args.seq, padded_vocab)
+    model.train()
+    params = list(model.parameters())
+    # bridge's build_optimizer: decay on matrices, none on biases and norm weights; config.optimizer's defaults.
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.999), eps=1e-8)
+    num_params = sum(p.numel() for p in params)
+
+    b, s = args.micro_batch, args.seq
+    generator = torch.Generator().manual_seed(1234)
+    phases = ["zero", "fwd", "bwd", "clip", "opt", "rest"]  # as gpt_train_bench.cpp's phases_ms
+    step_ms, phase_ms = [], {phase: [] for phase in phases}
+    first_loss = float("nan")
+    for step in range(args.warmup_steps + args.steps):
+        marks = [time.perf_counter()]
+        # torch 1.13's default zeroes the grads in place, as bridge's zero_grad_buffer: backward then accumulates.
+        optimizer.zero_grad()
+        marks.append(time.perf_counter())
+        # Drawn inside the step, as bridge's gpt_forward_step draws its micro-batch.
+        text = torch.randint(args.vocab, (b, s + 1), generator=generator)
+        tokens, labels = text[:, :s].contiguous(), text[:, 1:].contiguous()
+        loss_mask = torch.ones(b, s)
+        position_ids = torch.arange(s).unsqueeze(0).expand(b, s).contiguous()
+        losses = model(tokens, position_ids, labels)
+        loss_sum, num_tokens = (losses.float() * loss_mask).sum(), loss_mask.sum()
+        loss = loss_sum / num_tokens
+        marks.append(time.perf_counter())
+        loss.backward()
+        marks.append(time.perf_counter())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        marks.append(time.perf_counter())
+        optimizer.step()
+        marks.append(time.perf_counter())
+        # bridge reads the reported loss back inside its step (reduce_losses); so does this.
+        loss = loss_sum.item() / num_tokens.item()
+        marks.append(time.perf_counter())
+        if step == 0:
+            first_loss = loss
+        if step >= args.warmup_steps:
+            step_ms.append((marks[-1] - marks[0]) * 1000)
+            for phase, (a, z) in zip(phases, zip(marks, marks[1:])):
+                phase_ms[phase].append((z - a) * 1000)
+
+    ms = statistics.median(step_ms)
+    print(f"python first_loss={first_loss:.4f} ln_vocab={math.log(args.vocab):.4f}")
+    print("python phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
+    print(f"python tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} steps={len(step_ms)} "
+          f"threads={args.threads} params={num_params}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
