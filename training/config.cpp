@@ -4,13 +4,12 @@
 #include <stdexcept>
 
 #include "training/optimizer_param_scheduler.h"
+#include "utils/check.h"
 
 namespace bridge::training {
 namespace {
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
-}
+using utils::require;
 
 std::string str(int64_t value) { return std::to_string(value); }
 

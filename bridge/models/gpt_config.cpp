@@ -4,12 +4,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "utils/check.h"
+
 namespace bridge::models {
 namespace {
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
-}
+using utils::require;
 
 std::string str(int64_t value) { return std::to_string(value); }
 

@@ -17,15 +17,14 @@
 
 #include "parallel/parallel_state.h"
 #include "parallel/pipeline_parallel/p2p_communication.h"
+#include "utils/check.h"
 
 namespace bridge::parallel::pipeline_parallel {
 namespace {
 
 std::string str(int64_t value) { return std::to_string(value); }
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
-}
+using utils::require;
 
 // Checks the options every schedule needs; `where` names the schedule in the message.
 void validate(const ForwardBackwardOptions& o, int64_t expected_chunks, bool needs_shape, const std::string& where) {

@@ -13,13 +13,12 @@
 #include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/vocab_utils.h"
+#include "utils/check.h"
 
 namespace bridge::parallel::tensor_parallel {
 namespace {
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
-}
+using utils::require;
 
 void check_init_method(const InitMethod& init_method, const char* layer) {
   require(static_cast<bool>(init_method),

@@ -13,13 +13,6 @@ using ::testing::HasSubstr;
 
 constexpr const char* kWorker = BRIDGE_DIST_WORKER;
 
-void expect_all_ok(const std::vector<RankResult>& results) {
-  for (std::size_t rank = 0; rank < results.size(); ++rank) {
-    EXPECT_EQ(results[rank].exit_code, 0) << describe(results);
-    EXPECT_THAT(results[rank].output, HasSubstr(": ok")) << describe(results);
-  }
-}
-
 TEST(Distributed, TwoRanksTensorParallel) {
   expect_all_ok(run_ranks(kWorker, {"groups", "2", "1"}, 2, std::chrono::seconds(120)));
 }

@@ -70,10 +70,7 @@ RunRecord run_layout(const std::string& name, int world, int tp, int pp, int vpp
                                  {"parity", directory.string(), std::to_string(tp), std::to_string(pp),
                                   std::to_string(vpp), std::to_string(kSteps)},
                                  world, std::chrono::seconds(240));
-  for (const RankResult& result : results) {
-    EXPECT_EQ(result.exit_code, 0) << describe(results);
-    EXPECT_THAT(result.output, HasSubstr("parity: ok")) << describe(results);
-  }
+  expect_all_ok(results, "parity: ok");
   RunRecord record = read_run(directory);
   fs::remove_all(directory);
   return record;
@@ -133,11 +130,7 @@ TEST(GptParity, DataParallel2) { expect_parity("dp2", 2, 1, 1, 0); }
 TEST(GptParity, Tp2Pp2Dp2) { expect_parity("tp2pp2dp2", 8, 2, 2, 0); }
 
 TEST(GptDropout, ReplicatedWeightsStayIdenticalAcrossTensorParallelRanks) {
-  const auto results = run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120));
-  for (const RankResult& result : results) {
-    EXPECT_EQ(result.exit_code, 0) << describe(results);
-    EXPECT_THAT(result.output, HasSubstr("dropout: ok")) << describe(results);
-  }
+  expect_all_ok(run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120)), "dropout: ok");
 }
 
 std::vector<RankResult> run_control(const std::string& action, int requesting_rank, const fs::path& directory) {
@@ -197,10 +190,10 @@ int count_lines_with(const std::string& output, const std::string& text) {
 // The example, unchanged, under mpirun (tp=2 x pp=2): the last rank's stop request after the first step ends every
 // rank there.
 TEST(GptLaunchers, MpirunFourRanksTp2Pp2StopsTogether) {
-  const RankResult result = run_command({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
-                                         BRIDGE_PRETRAIN_GPT, "--tp", "2", "--pp", "2", "--train-iters", "6",
-                                         "--threads", "1", "--stop-at-loss", "1000"},
-                                        std::chrono::seconds(240));
+  const RankResult result =
+      run_command({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", BRIDGE_PRETRAIN_GPT, "--tp", "2",
+                   "--pp", "2", "--train-iters", "6", "--threads", "1", "--stop-at-loss", "1000"},
+                  std::chrono::seconds(240));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count_lines_with(result.output, "pretrain_gpt: ok after 1 steps"), 4) << result.output;
   EXPECT_THAT(result.output, HasSubstr("callback 'stop_at_loss' asked to stop")) << result.output;
@@ -208,11 +201,11 @@ TEST(GptLaunchers, MpirunFourRanksTp2Pp2StopsTogether) {
 
 // Under Debian's torchrun (agent-hosted store), with an interleaved pipeline.
 TEST(GptLaunchers, TorchrunTwoRanksInterleavedPipeline) {
-  const RankResult result = run_command(
-      {"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1", "--master_addr=127.0.0.1",
-       "--master_port=" + std::to_string(utils::find_free_port()), BRIDGE_PRETRAIN_GPT, "--pp", "2", "--vpp", "2",
-       "--train-iters", "4", "--threads", "1"},
-      std::chrono::seconds(240));
+  const RankResult result =
+      run_command({"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
+                   "--master_addr=127.0.0.1", "--master_port=" + std::to_string(utils::find_free_port()),
+                   BRIDGE_PRETRAIN_GPT, "--pp", "2", "--vpp", "2", "--train-iters", "4", "--threads", "1"},
+                  std::chrono::seconds(240));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count_lines_with(result.output, "pretrain_gpt: ok after 4 steps"), 2) << result.output;
 }

@@ -130,8 +130,8 @@ int run_dropout() {
   int compared = 0;
   manager->register_callback(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) {
     parallel::ProcessGroup& tp = parallel::get_tensor_model_parallel_group();
-    for (const auto& [name, param] :
-         models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(ctx.model[0])))) {
+    for (const auto& [name, param] : models::global_named_parameters(
+             models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(ctx.model[0])))) {
       if (parallel::tensor_parallel::get_param_attributes(param).tensor_model_parallel) continue;
       const std::vector<torch::Tensor> copies = tp.all_gather(param.detach().contiguous());
       expect(torch::equal(copies[0], copies[1]), name + " is identical on both tensor-parallel ranks");

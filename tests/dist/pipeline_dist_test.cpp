@@ -8,16 +8,7 @@
 namespace bridge::testing {
 namespace {
 
-using ::testing::HasSubstr;
-
 constexpr const char* kWorker = BRIDGE_PIPELINE_WORKER;
-
-void expect_all_ok(const std::vector<RankResult>& results) {
-  for (const RankResult& result : results) {
-    EXPECT_EQ(result.exit_code, 0) << describe(results);
-    EXPECT_THAT(result.output, HasSubstr(": ok")) << describe(results);
-  }
-}
 
 TEST(PipelineMultiProcess, OneForwardOneBackwardTwoStages) {
   expect_all_ok(run_ranks(kWorker, {"1f1b"}, 2, std::chrono::seconds(120)));

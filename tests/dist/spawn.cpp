@@ -2,6 +2,8 @@
 #include "tests/dist/spawn.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -146,6 +148,13 @@ std::string describe(const std::vector<RankResult>& results) {
         << r.output;
   }
   return out.str();
+}
+
+void expect_all_ok(const std::vector<RankResult>& results, const std::string& marker) {
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << describe(results);
+    EXPECT_THAT(result.output, ::testing::HasSubstr(marker)) << describe(results);
+  }
 }
 
 }  // namespace bridge::testing

@@ -30,4 +30,7 @@ RankResult run_command(const std::vector<std::string>& argv, std::chrono::second
 /// "rank 2: exit 1\n<output>" for every rank, for failure messages.
 std::string describe(const std::vector<RankResult>& results);
 
+/// A GoogleTest check that every rank exited 0 and printed `marker` (workers print "<scenario>: ok" on success).
+void expect_all_ok(const std::vector<RankResult>& results, const std::string& marker = ": ok");
+
 }  // namespace bridge::testing
