@@ -89,7 +89,8 @@ LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::str
   std::vector<torch::Tensor> parts;
   for (const auto& entry : sums) parts.push_back(entry.second);
   parallel::ProcessGroup& data_parallel = parallel::get_data_parallel_group(/*with_context_parallel=*/true);
-  const auto elements = static_cast<double>(parts.empty() ? 0 : torch::cat(parts).numel());
+  double elements = 0;
+  for (const torch::Tensor& part : parts) elements += static_cast<double>(part.numel());
   torch::Tensor extent = torch::tensor({elements, -elements}, torch::kDouble);
   data_parallel.all_reduce(extent, parallel::ReduceOp::kMax);
   if (extent[0].item<double>() != -extent[1].item<double>()) {
