@@ -53,8 +53,8 @@ ConfigContainer config_from(const cxxopts::ParseResult& args) {
   if (!args.count("mock")) {
     config.dataset.provider = [](const ConfigContainer& c) {
       const std::string text(examples::kSonnet18);
-      auto dataset = std::make_shared<TokenStreamDataset>(std::vector<int64_t>(text.begin(), text.end()),
-                                                          c.model.seq_length);
+      auto dataset =
+          std::make_shared<TokenStreamDataset>(std::vector<int64_t>(text.begin(), text.end()), c.model.seq_length);
       return GPTDatasets{dataset, dataset, dataset};  // a toy: the model is meant to memorise the poem
     };
   }
@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
       "eval-interval", "evaluate every N steps", cxxopts::value<int64_t>()->default_value("50"))(
       "eval-iters", "steps per evaluation", cxxopts::value<int64_t>()->default_value("2"))(
       "threads", "intra-op threads per rank (0: cores / local ranks)", cxxopts::value<int>()->default_value("0"))(
-      "save", "checkpoint directory", cxxopts::value<std::string>())(
-      "save-interval", "save every N steps", cxxopts::value<int64_t>()->default_value("0"))(
+      "save", "checkpoint directory", cxxopts::value<std::string>())("save-interval", "save every N steps",
+                                                                     cxxopts::value<int64_t>()->default_value("0"))(
       "stop-at-loss", "stop once the training loss falls below this", cxxopts::value<double>())(
       "mock", "train on random tokens instead of the sonnet")("h,help", "print this help");
   try {
@@ -105,16 +105,15 @@ int main(int argc, char** argv) {
                       static_cast<long long>(config.train.train_iters));
         },
         "announce", RankFilter::kFirst);
-    double last_loss = 0.0;
     if (args.count("stop-at-loss")) {
       // Only the last rank sees the loss; its stop request reaches every rank at the same step.
       const double threshold = args["stop-at-loss"].as<double>();
       callbacks->register_callback(
           Event::kTrainStepEnd,
-          [threshold, &last_loss](CallbackContext& ctx) {
+          [threshold](CallbackContext& ctx) {
             if (ctx.loss_dict->empty()) return;
-            last_loss = ctx.loss_dict->at("lm loss").item<double>();
-            if (last_loss < threshold) ctx.request_stop("training loss " + std::to_string(last_loss) + " < threshold");
+            const double loss = ctx.loss_dict->at("lm loss").item<double>();
+            if (loss < threshold) ctx.request_stop("training loss " + std::to_string(loss) + " < threshold");
           },
           "stop_at_loss", RankFilter::kLast);
     }
