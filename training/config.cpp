@@ -80,6 +80,14 @@ void ConfigContainer::validate(int world_size) const {
     throw std::invalid_argument(std::string("scheduler.") + error.what());
   }
   require(logging.log_interval >= 1, "logging.log_interval must be >= 1, got " + str(logging.log_interval));
+  require(logging.tensorboard_log_interval >= 1,
+          "logging.tensorboard_log_interval must be >= 1, got " + str(logging.tensorboard_log_interval));
+  require(logging.throughput_window_size >= 2,
+          "logging.throughput_window_size must be >= 2 (a rate needs two timestamps), got " +
+              str(logging.throughput_window_size));
+  const std::string& unit = logging.runtime_time_unit;
+  require(unit == "seconds" || unit == "minutes" || unit == "hours" || unit == "days",
+          "logging.runtime_time_unit must be seconds, minutes, hours or days, got '" + unit + "'");
   require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
   require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
           "checkpoint.save_interval is set but checkpoint.save (the directory) is empty; set both or neither");

@@ -15,6 +15,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "bridge/models/gpt_config.h"
 #include "parallel/distributed/distributed_data_parallel.h"
@@ -62,12 +63,35 @@ struct ParallelismConfig {
 };
 
 struct DatasetConfig {
-  /// Builds the train/valid/test datasets; unset = mock data (random tokens) of model.seq_length.
+  /// Megatron indexed datasets (.bin/.idx path prefixes, Megatron's --data-path) to train on; empty with no
+  /// provider = mock data (random tokens) of model.seq_length.
+  std::vector<std::string> data_path;
+  /// Train/validation/test proportions over the documents of data_path, Megatron's "969,30,1".
+  std::string split = "969,30,1";
+  /// Where the sample indices are cached; empty = <prefix's folder>/cache/GPTDataset_indices.
+  std::string path_to_cache;
+  /// Builds the train/valid/test datasets from code; overrides data_path.
   std::function<GPTDatasets(const ConfigContainer&)> provider;
 };
 
+/// Megatron-Bridge's LoggerConfig: the console line and the metric writers (which live on the last rank).
 struct LoggingConfig {
   int64_t log_interval = 1;  ///< print the training log line every this many steps
+  /// TensorBoard event files go here (read with `tensorboard --logdir`); empty = no TensorBoard.
+  std::string tensorboard_dir;
+  /// Metrics as JSON lines ({"step": 10, "lm loss": 2.3, ...}) appended to this file; empty = none.
+  std::string jsonl_path;
+  int64_t tensorboard_log_interval = 1;  ///< write metrics every this many steps
+  bool log_throughput = false;           ///< model TFLOP/s per device on the console line
+  bool log_params_norm = false;          ///< the parameters' L2 norm (a collective) on the line and in the writers
+  bool log_memory_to_tensorboard = false;
+  bool log_l2_norm_grad_to_tensorboard = false;  ///< per-parameter and global gradient norms
+  bool log_throughput_to_tensorboard = false;
+  int64_t throughput_window_size = 100;  ///< steps in the rolling throughput window
+  bool log_runtime_to_tensorboard = false;
+  std::string runtime_time_unit = "hours";  ///< seconds, minutes, hours or days
+  bool log_loss_scale_to_tensorboard = true;
+  bool log_world_size_to_tensorboard = false;
 };
 
 struct RNGConfig {
