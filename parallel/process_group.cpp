@@ -1,6 +1,8 @@
 // ProcessGroup: argument checks, the local path for groups of one, and errors that name group, operation and ranks.
 #include "parallel/process_group.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "utils/strings.h"
@@ -169,6 +171,19 @@ bool Work::is_completed() { return !impl_ || impl_->is_completed(); }
 
 void wait_all(std::vector<Work>& works) {
   for (Work& work : works) work.wait();
+}
+
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text) {
+  torch::Tensor length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong);
+  group.all_reduce(length, ReduceOp::kMax);
+  torch::Tensor bytes = torch::zeros({std::max<int64_t>(1, length.item<int64_t>())}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  std::vector<std::string> texts;
+  for (const torch::Tensor& member : group.all_gather(bytes)) {
+    const char* data = reinterpret_cast<const char*>(member.data_ptr<uint8_t>());
+    texts.emplace_back(data, strnlen(data, static_cast<std::size_t>(member.numel())));
+  }
+  return texts;
 }
 
 }  // namespace bridge::parallel

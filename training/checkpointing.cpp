@@ -89,7 +89,8 @@ std::string save_checkpoint(PretrainSetup& setup) {
                        [&](const fs::path& path) { write_rank_state(setup, iteration, path); });
     } catch (const std::exception& failure) {
       error = failure.what();
-      utils::logger().error("saving checkpoint iteration {} under {} failed: {}", iteration, directory.string(), error);
+      bridge::utils::logger().error("saving checkpoint iteration {} under {} failed: {}", iteration, directory.string(),
+                                    error);
     }
   }
   // Every rank learns whether every write succeeded (instead of some waiting at a barrier for a rank that failed).
@@ -102,7 +103,7 @@ std::string save_checkpoint(PretrainSetup& setup) {
       if (failed[r].item<int64_t>() != 0) ranks.push_back(r);
     }
     throw std::runtime_error("saving checkpoint iteration " + std::to_string(iteration) + " under " +
-                             directory.string() + " failed on rank(s) " + utils::join(ranks, ", ") +
+                             directory.string() + " failed on rank(s) " + bridge::utils::join(ranks, ", ") +
                              (error.empty() ? std::string("; see their logs") : ": " + error) +
                              ". latest_checkpointed_iteration.txt still names the previous complete checkpoint.");
   }

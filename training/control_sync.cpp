@@ -1,10 +1,6 @@
 // agree_on_control: request flags summed over the world, then the requests' descriptions gathered from every rank.
 #include "training/control_sync.h"
 
-#include <algorithm>
-#include <cstring>
-#include <vector>
-
 namespace bridge::training {
 namespace {
 
@@ -16,28 +12,40 @@ std::string describe(const ControlRequest& request, int rank) {
 
 }  // namespace
 
+void AgreedControl::merge(const AgreedControl& other) {
+  stop = stop || other.stop;
+  save = save || other.save;
+  abort = abort || other.abort;
+  summary += other.summary;
+}
+
+std::array<int64_t, 3> count_requests(const std::vector<ControlRequest>& requests) {
+  std::array<int64_t, 3> counts{};
+  for (const ControlRequest& request : requests) counts[static_cast<std::size_t>(request.action)] += 1;
+  return counts;
+}
+
 AgreedControl agree_on_control(TrainingControl* control, parallel::ProcessGroup& world) {
   const std::vector<ControlRequest> requests = control != nullptr ? control->take() : std::vector<ControlRequest>{};
-  torch::Tensor counts = torch::zeros({3}, torch::kLong);
-  for (const ControlRequest& request : requests) counts[static_cast<int64_t>(request.action)] += 1;
+  const std::array<int64_t, 3> mine = count_requests(requests);
+  torch::Tensor counts = torch::tensor({mine[0], mine[1], mine[2]}, torch::kLong);
   world.all_reduce(counts);
+  return agree_on_control(requests, {counts[0].item<int64_t>(), counts[1].item<int64_t>(), counts[2].item<int64_t>()},
+                          world);
+}
+
+AgreedControl agree_on_control(const std::vector<ControlRequest>& requests, const std::array<int64_t, 3>& world_counts,
+                               parallel::ProcessGroup& world) {
   AgreedControl agreed;
-  agreed.stop = counts[static_cast<int64_t>(ControlAction::kStop)].item<int64_t>() > 0;
-  agreed.save = counts[static_cast<int64_t>(ControlAction::kSave)].item<int64_t>() > 0;
-  agreed.abort = counts[static_cast<int64_t>(ControlAction::kAbort)].item<int64_t>() > 0;
+  agreed.stop = world_counts[static_cast<std::size_t>(ControlAction::kStop)] > 0;
+  agreed.save = world_counts[static_cast<std::size_t>(ControlAction::kSave)] > 0;
+  agreed.abort = world_counts[static_cast<std::size_t>(ControlAction::kAbort)] > 0;
   if (!agreed.any()) return agreed;
 
-  // Someone asked: gather everyone's descriptions as equal-length byte tensors.
+  // Someone asked: gather everyone's descriptions.
   std::string mine;
   for (const ControlRequest& request : requests) mine += describe(request, world.global_ranks()[world.rank()]);
-  torch::Tensor length = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong);
-  world.all_reduce(length, parallel::ReduceOp::kMax);
-  torch::Tensor bytes = torch::zeros({std::max<int64_t>(1, length.item<int64_t>())}, torch::kUInt8);
-  std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
-  for (const torch::Tensor& text : world.all_gather(bytes)) {
-    const char* data = reinterpret_cast<const char*>(text.data_ptr<uint8_t>());
-    agreed.summary.append(data, strnlen(data, static_cast<std::size_t>(text.numel())));
-  }
+  for (const std::string& text : parallel::all_gather_strings(world, mine)) agreed.summary += text;
   return agreed;
 }
 

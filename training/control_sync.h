@@ -3,7 +3,10 @@
 // which ranks asked, and why, so they act on the same step and none waits on a collective the others skipped.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "parallel/process_group.h"
 #include "training/control.h"
@@ -17,10 +20,22 @@ struct AgreedControl {
   /// One line per request on any rank: "rank 1: callback 'early_stop' asked to stop during on_train_step_end: ...".
   std::string summary;
   bool any() const { return stop || save || abort; }
+  /// Adds the requests agreed in `other` (an earlier agreement in the same step).
+  void merge(const AgreedControl& other);
 };
+
+/// How many requests of each action (indexed by ControlAction) `requests` holds; summed over the world, these are
+/// what every rank needs to agree.
+std::array<int64_t, 3> count_requests(const std::vector<ControlRequest>& requests);
 
 /// Takes this rank's pending requests from `control` (null: none) and shares them over `world`. One small
 /// all-reduce when nobody asked; when someone did, two more collectives carry the descriptions.
 AgreedControl agree_on_control(TrainingControl* control, parallel::ProcessGroup& world);
+
+/// As above, with this rank's `requests` (taken from its TrainingControl) and `world_counts`, their count_requests()
+/// already summed over `world` by a collective that carried other statistics too (the training log's). Collective
+/// only when some count is non-zero.
+AgreedControl agree_on_control(const std::vector<ControlRequest>& requests, const std::array<int64_t, 3>& world_counts,
+                               parallel::ProcessGroup& world);
 
 }  // namespace bridge::training

@@ -45,7 +45,7 @@ LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training) {
                     std::exp(std::min(20.0, loss)));
       line += text;
     }
-    utils::log_info_on_this_rank(line);
+    bridge::utils::log_info_on_this_rank(line);
   }
   return total;
 }

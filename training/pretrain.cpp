@@ -120,6 +120,7 @@ void build(PretrainSetup& setup) {
   setup.embedding_weights = models::embedding_group_weights(setup.model);
   setup.optimizer = build_optimizer(config.optimizer, setup.params);
   setup.scheduler = std::make_unique<OptimizerParamScheduler>(*setup.optimizer, scheduler_options(config));
+  setup.logger = std::make_unique<TrainingLogger>(setup);
 
   setup.fire_training(Event::kDataInitStart);
 
@@ -158,7 +159,7 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
   try {
     setup.fire(Event::kException, [&](CallbackContext& ctx) { ctx.exception = ExceptionInfo{error, what}; });
   } catch (const std::exception& e) {
-    utils::logger().error("an on_exception callback failed too (the original error follows): {}", e.what());
+    bridge::utils::logger().error("an on_exception callback failed too (the original error follows): {}", e.what());
   }
 }
 

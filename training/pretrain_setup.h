@@ -17,6 +17,7 @@
 #include "training/forward_step.h"
 #include "training/optimizer_param_scheduler.h"
 #include "training/state.h"
+#include "training/training_logger.h"
 
 namespace bridge::training {
 
@@ -41,6 +42,7 @@ struct PretrainSetup {
   std::vector<int64_t> tensor_shape;  // activations between stages: [seq, micro_batch, hidden]
 
   int64_t last_saved_step = -1;  // the step of the newest checkpoint this run wrote
+  std::unique_ptr<TrainingLogger> logger;
 
   GPTDatasets datasets;
   // One iterator per model chunk, as Megatron's interleaved schedule keeps: each chunk draws its micro-batches in
@@ -89,9 +91,12 @@ LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training);
 /// The training loop; returns normally at train_iters or on a requested stop, throws TrainingAborted on abort.
 void train(PretrainSetup& setup);
 
-/// Agrees with every rank on the control requests made since the last call and acts on them: throws
-/// TrainingAborted on an abort, saves on a save request (when checkpoint.save is set). Returns whether a stop was
-/// requested; outside training (`training` false) a stop has nothing left to stop and is only logged.
+/// Acts on requests every rank agreed on: throws TrainingAborted on an abort, saves on a save request (when
+/// checkpoint.save is set). Returns whether a stop was requested; outside training (`training` false) a stop has
+/// nothing left to stop and is only logged.
+bool act_on_control(PretrainSetup& setup, const AgreedControl& control, bool training);
+
+/// Agrees with every rank on the control requests made since the last agreement (one collective) and acts on them.
 bool act_on_control_requests(PretrainSetup& setup, bool training);
 
 }  // namespace bridge::training

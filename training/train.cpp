@@ -1,9 +1,8 @@
 // The training loop (Megatron-Bridge's train.py): steps through the pipeline schedule, data-parallel gradient
 // reduction, clipping and the optimizer; the log line; evaluation and checkpoints at their intervals; control
 // requests agreed at each step boundary. Events fire in the reference's order.
-#include <chrono>
 #include <cmath>
-#include <cstdio>
+#include <optional>
 
 #include "parallel/distributed.h"
 #include "parallel/distributed/finalize_model_grads.h"
@@ -145,62 +144,32 @@ StepOutcome train_step(PretrainSetup& setup) {
   return outcome;
 }
 
-std::string format_value(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%E", value);
-  return text;
-}
-
-// The log line, written by the last rank (which holds the losses), after on_log callbacks added to it.
-void training_log(PretrainSetup& setup, const StepOutcome& outcome, double milliseconds_per_step) {
-  const TrainState& train_state = setup.state.train_state;
-  LogRecord record;
-  record.iteration = train_state.step;
-  record.metrics["learning-rate"] = setup.scheduler->get_lr();
-  record.metrics["grad-norm"] = outcome.grad_norm;
-  record.metrics["iteration-time-ms"] = milliseconds_per_step;
-  for (const auto& [key, value] : outcome.loss_dict) record.metrics[key] = value.item<double>();
-  setup.fire_training(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
-  if (parallel::get_rank() != setup.world_size - 1) return;
-
-  char head[160];
-  std::snprintf(head, sizeof(head),
-                " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f |",
-                static_cast<long long>(train_state.step), static_cast<long long>(setup.config.train.train_iters),
-                static_cast<long long>(train_state.consumed_train_samples), milliseconds_per_step);
-  std::string line = head;
-  line += " learning rate: " + format_value(setup.scheduler->get_lr()) + " |";
-  line += " global batch size: " + std::to_string(setup.config.train.global_batch_size) + " |";
-  for (const auto& [key, value] : outcome.loss_dict)
-    line += " " + key + ": " + format_value(value.item<double>()) + " |";
-  char grad_norm[48];
-  std::snprintf(grad_norm, sizeof(grad_norm), " grad norm: %.3f |", outcome.grad_norm);
-  line += grad_norm;
-  for (const std::string& text : record.text) line += " " + text + " |";
-  utils::log_info_on_this_rank(line);
-}
-
 }  // namespace
 
-bool act_on_control_requests(PretrainSetup& setup, bool training) {
-  const AgreedControl control =
-      agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group());
+bool act_on_control(PretrainSetup& setup, const AgreedControl& control, bool training) {
   if (!control.any()) return false;
   const int64_t step = setup.state.train_state.step;
-  utils::logger().info("control requests after step {}:\n{}", step, control.summary);
+  bridge::utils::logger().info("control requests after step {}:\n{}", step, control.summary);
   if (control.abort) {
     throw TrainingAborted("training aborted after step " + std::to_string(step) + " on a callback's request:\n" +
                           control.summary);
   }
   if (control.save) {
     if (setup.config.checkpoint.save.empty()) {
-      utils::logger().warn("a callback asked to save, but checkpoint.save (the directory) is not set: not saved");
+      bridge::utils::logger().warn(
+          "a callback asked to save, but checkpoint.save (the directory) is not set: not saved");
     } else if (setup.last_saved_step != step) {
       save_checkpoint(setup);
     }
   }
-  if (control.stop && !training) utils::logger().info("a stop request after training has nothing left to stop");
+  if (control.stop && !training) bridge::utils::logger().info("a stop request after training has nothing left to stop");
   return control.stop && training;
+}
+
+bool act_on_control_requests(PretrainSetup& setup, bool training) {
+  return act_on_control(
+      setup, agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group()),
+      training);
 }
 
 void train(PretrainSetup& setup) {
@@ -210,13 +179,12 @@ void train(PretrainSetup& setup) {
   setup.fire_training(Event::kTrainStart);
   // A pre-flight check in on_data_init_start or on_train_start may already have asked to stop or abort.
   if (act_on_control_requests(setup, /*training=*/true)) {
-    utils::logger().info("stopping before the first step as requested");
+    bridge::utils::logger().info("stopping before the first step as requested");
     setup.fire_training(Event::kTrainEnd);
     return;
   }
 
-  auto interval_start = std::chrono::steady_clock::now();
-  int64_t steps_in_interval = 0;
+  setup.logger->start();
   while (train_state.step < config.train.train_iters) {
     setup.fire_training(Event::kTrainStepStart);
     const StepOutcome outcome = train_step(setup);
@@ -227,32 +195,34 @@ void train(PretrainSetup& setup) {
     });
     train_state.step += 1;
     train_state.consumed_train_samples += config.train.global_batch_size;
-    ++steps_in_interval;
+    // A log step shares the statistics and the control requests made so far in one collective.
+    const std::optional<LoggedStep> logged =
+        setup.logger->after_step(outcome.loss_dict, outcome.grad_norm, /*skipped_iter=*/false);
 
-    if (train_state.step % config.logging.log_interval == 0) {
-      const auto now = std::chrono::steady_clock::now();
-      const double ms = std::chrono::duration<double, std::milli>(now - interval_start).count() /
-                        static_cast<double>(steps_in_interval);
-      training_log(setup, outcome, ms);
-      interval_start = now;
-      steps_in_interval = 0;
-    }
-    if (train_state.do_valid && config.train.eval_interval > 0 && train_state.step % config.train.eval_interval == 0) {
-      evaluate(setup, /*is_test=*/false, /*after_training=*/false);
-    }
-
-    const bool interval_save =
+    const bool evaluate_now =
+        train_state.do_valid && config.train.eval_interval > 0 && train_state.step % config.train.eval_interval == 0;
+    if (evaluate_now) evaluate(setup, /*is_test=*/false, /*after_training=*/false);
+    const bool save_now =
         config.checkpoint.save_interval > 0 && train_state.step % config.checkpoint.save_interval == 0;
-    if (interval_save) save_checkpoint(setup);
-    // Every rank learns the same requests here, so all act on this same step.
-    if (act_on_control_requests(setup, /*training=*/true)) {
-      utils::logger().info("stopping after step {} as requested", train_state.step);
+    if (save_now) save_checkpoint(setup);
+
+    // Every rank learns the same requests here, so all act on this same step. After a log step's collective, only
+    // callbacks that ran since (on_log, evaluation, checkpointing; the same decision on every rank) can have asked.
+    AgreedControl control;
+    if (logged) control = logged->control;
+    if (!logged || logged->on_log_fired || evaluate_now || save_now) {
+      control.merge(
+          agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group()));
+    }
+    if (act_on_control(setup, control, /*training=*/true)) {
+      bridge::utils::logger().info("stopping after step {} as requested", train_state.step);
       break;
     }
   }
   if (!config.checkpoint.save.empty() && train_state.step > 0 && setup.last_saved_step != train_state.step) {
     save_checkpoint(setup);
   }
+  setup.logger->flush();
   setup.fire_training(Event::kTrainEnd);
 }
 

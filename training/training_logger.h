@@ -1,0 +1,70 @@
+// TrainingLogger: what pretrain() does after each step to log it (Megatron-Bridge's training_log as the loop calls
+// it). Every rank accumulates the losses; at a log step (every logging.log_interval steps for the console,
+// logging.tensorboard_log_interval for the writers) all ranks share their statistics and the pending control
+// requests in ONE collective, fire on_log, and the last rank prints Megatron's line and writes the metrics.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "training/callback_context.h"
+#include "training/control_sync.h"
+#include "training/utils/training_log.h"
+#include "utils/metric_writer.h"
+
+namespace bridge::training {
+
+struct PretrainSetup;
+
+/// What a log step agreed on, for the loop's step boundary.
+struct LoggedStep {
+  /// The control requests made on any rank up to this point of the step.
+  AgreedControl control;
+  /// Whether some rank has on_log callbacks, which may have made requests after the collective.
+  bool on_log_fired = false;
+};
+
+class TrainingLogger {
+ public:
+  /// Opens the metric writers (logging.tensorboard_dir, logging.jsonl_path) on the last rank.
+  explicit TrainingLogger(PretrainSetup& setup);
+
+  /// Starts the clocks (call when training starts).
+  void start();
+
+  /// After step `train_state.step` (already counted): accumulates its losses and, at a log step, gathers the
+  /// statistics (one collective on every rank), fires on_log, prints the line and writes the metrics. Returns what
+  /// the collective agreed at a log step, nothing otherwise.
+  std::optional<LoggedStep> after_step(const LossDict& loss_dict, double grad_norm, bool skipped_iter);
+
+  /// Flushes the writers (at the end of training; the writers also flush after every write).
+  void flush();
+
+  /// Collectives issued by the log steps so far (for the cost test and the note).
+  int64_t log_steps() const { return log_steps_; }
+
+ private:
+  bool is_console_step(int64_t iteration) const;
+  bool is_writer_step(int64_t iteration) const;
+  double seconds_since_start() const;
+
+  PretrainSetup& setup_;
+  bool writer_rank_ = false;
+  std::shared_ptr<bridge::utils::MetricWriter> writer_;       // every metric (TensorBoard and JSONL)
+  std::shared_ptr<bridge::utils::MetricWriter> tensorboard_;  // also the "X vs samples" variants
+  utils::TotalLossDict total_loss_dict_;
+  std::chrono::steady_clock::time_point start_, interval_start_;
+  double start_wall_ = 0.0;
+  std::deque<double> history_wct_;  // seconds since start at the end of each recent step
+  double flops_per_step_ = 0.0;
+  double flops_at_last_log_ = 0.0;
+  bool report_memory_flag_ = true;
+  std::vector<std::string> grad_norm_names_;  // the whole model's parameter names, gathered once
+  int64_t log_steps_ = 0;
+};
+
+}  // namespace bridge::training
