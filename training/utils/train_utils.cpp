@@ -128,14 +128,17 @@ const MemoryKeys& cpu_memory_keys() {
   return keys;
 }
 
-// The OS's view of this process: resident set now (/proc/self/statm) and its peak (getrusage, in KiB on Linux).
+// The OS's view of this process: resident set now (/proc/self/statm) and its peak (getrusage, KiB on Linux).
 std::map<std::string, int64_t> cpu_memory_stats() {
   std::map<std::string, int64_t> stats;
   std::ifstream statm("/proc/self/statm");
   int64_t size_pages = 0, resident_pages = 0;
   if (statm >> size_pages >> resident_pages) stats["resident_bytes.current"] = resident_pages * sysconf(_SC_PAGESIZE);
   rusage usage{};
-  if (getrusage(RUSAGE_SELF, &usage) == 0) stats["resident_bytes.peak"] = int64_t{usage.ru_maxrss} * 1024;
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    // Linux updates the high-water mark lazily (when the resident set shrinks), so it can trail the current value.
+    stats["resident_bytes.peak"] = std::max(int64_t{usage.ru_maxrss} * 1024, stats["resident_bytes.current"]);
+  }
   return stats;
 }
 
@@ -177,7 +180,8 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, double>> terms;
   for (const auto& [name, param] : named_model_parameters(model)) {
-    if (!param.requires_grad()) continue;
+    // The last stage's tied copy of the embedding is the embedding: its gradient is counted under the embedding's name.
+    if (!param.requires_grad() || !tp::param_is_not_shared(param)) continue;
     const torch::Tensor& grad = param.grad();
     const bool counted = grad.defined() && counts_toward_model_norm(param);
     terms.emplace_back(name, counted ? grad.to(torch::kDouble).pow(2).sum().item<double>() : 0.0);

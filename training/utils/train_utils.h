@@ -79,7 +79,8 @@ const MemoryKeys& default_memory_keys();
 StatReport report_memory(const std::optional<MemoryKeys>& memory_keys = std::nullopt);
 
 /// One term per named parameter: this rank's share of its squared gradient norm (a partial sum for tensor-parallel
-/// shards, zero for parameters it does not count), under its layout-independent name.
+/// shards, zero for tensor-parallel duplicates), under its layout-independent name. The last stage's copy of a tied
+/// embedding has no term of its own: it is the embedding.
 std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelChunks& model);
 
 /// Collective over the model-parallel group (names gathered over the world once per call, values summed over mp):
