@@ -92,11 +92,6 @@ class Work {
 /// Waits for every operation in `works`, in order (Megatron's batch_isend_irecv followed by wait).
 void wait_all(std::vector<Work>& works);
 
-class ProcessGroup;
-/// Every member's `text`, in group-rank order (two collectives: the longest length, then the padded bytes). Texts
-/// must not contain NUL characters.
-std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text);
-
 class ProcessGroup {
  public:
   /// A group of `global_ranks` in which this process is `rank`. A group of one needs no backend: every operation is
@@ -156,5 +151,9 @@ class ProcessGroup {
   std::unique_ptr<detail::GroupBackend> impl_;  // null for a group of one
   std::uint64_t operation_count_ = 0;
 };
+
+/// Every member's `text`, in group-rank order (two collectives: the longest length, then the padded bytes). Texts
+/// must not contain NUL characters.
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& text);
 
 }  // namespace bridge::parallel

@@ -3,6 +3,7 @@
 #include "training/training_logger.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 
@@ -69,6 +70,7 @@ void TrainingLogger::start() {
   start_ = interval_start_ = std::chrono::steady_clock::now();
   start_wall_ = wall_seconds();
   flops_at_last_log_ = setup_.state.train_state.floating_point_operations_so_far;
+  loaded_iteration_ = setup_.state.train_state.step;
 }
 
 double TrainingLogger::seconds_since_start() const {
@@ -98,7 +100,6 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   const bool console = is_console_step(iteration);
   const bool writers = is_writer_step(iteration);
   if (!console && !writers) return std::nullopt;
-  ++log_steps_;
 
   // Everything the log step needs from other ranks, and the control requests, in one collective.
   parallel::ProcessGroup& world = parallel::get_world_group();
@@ -110,6 +111,9 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   const Entry control_entry =
       stats.add("control requests", ReduceOp::kSum, world,
                 {static_cast<double>(counts[0]), static_cast<double>(counts[1]), static_cast<double>(counts[2])});
+  // A writer that failed at the last log step fails the run on every rank together.
+  const Entry writer_failed_entry =
+      stats.add("writer failed", ReduceOp::kMax, world, {writer_error_.empty() ? 0.0 : 1.0});
   const Entry on_log_entry =
       stats.add("on_log callbacks", ReduceOp::kMax, world, {should_fire(setup_.callbacks, Event::kLog) ? 1.0 : 0.0});
   // The reference shares these two with ranks that lack them; every rank here has both, so MAX is the identity.
@@ -137,6 +141,11 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
     std::vector<double> squares(grad_norm_names_.size(), 0.0);
     for (const auto& [name, square] : terms) {
       const auto at = std::lower_bound(grad_norm_names_.begin(), grad_norm_names_.end(), name);
+      if (at == grad_norm_names_.end() || *at != name) {
+        throw std::logic_error("training log: parameter '" + name +
+                               "' appeared after the first log step; the model's parameters must not change during "
+                               "training");
+      }
       squares[static_cast<std::size_t>(at - grad_norm_names_.begin())] += square;
     }
     grads_entry = stats.add("grad norms^2", ReduceOp::kSum, model_parallel, std::move(squares));
@@ -151,6 +160,10 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
         stats.add("memory", ReduceOp::kMax, parallel::get_pipeline_model_parallel_group(), std::move(values));
   }
   stats.exchange(world);
+  if (stats.scalar(writer_failed_entry) > 0.0) {
+    throw std::runtime_error(writer_error_.empty() ? "writing the metrics failed on the last rank (see its log)"
+                                                   : "writing the metrics failed: " + writer_error_);
+  }
 
   LoggedStep logged;
   const std::vector<double>& agreed_counts = stats.values(control_entry);
@@ -229,7 +242,7 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
                                              std::to_string(iteration) + " iterations) memory (GB)" +
                                              format_memory(utils::report_memory()));
       }
-      if (iteration > 1) report_memory_flag_ = false;
+      if (iteration > loaded_iteration_ + 1) report_memory_flag_ = false;
     }
     if (writer_rank_) {
       line.timestamp = utils::log_timestamp();
@@ -247,25 +260,39 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
       utils::format_log_line(line, total_loss_dict_);  // resets the sums and counters, as on the last rank
     }
   }
-  if (writers && writer_) {
-    for (const auto& [name, value] : record.metrics) {
-      writer_->add_scalar(name, value, iteration);
-      // TensorBoard's "X vs samples" variants of the reference's main curves.
-      static const char* const kVsSamples[] = {"learning-rate", "batch-size", "loss-scale",
-                                               "world-size",    "grad-norm",  "params-norm"};
-      const bool vs_samples = loss_dict.count(name) != 0 ||
-                              std::find(std::begin(kVsSamples), std::end(kVsSamples), name) != std::end(kVsSamples);
-      if (tensorboard_ && vs_samples) {
-        tensorboard_->add_scalar(name + " vs samples", value, train_state.consumed_train_samples);
-      }
-    }
-    writer_->flush();
-  }
+  if (writers && writer_) write(record, loss_dict, iteration);
   return logged;
 }
 
+void TrainingLogger::write(const LogRecord& record, const LossDict& loss_dict, int64_t iteration) {
+  // TensorBoard's "X vs samples" variants of the reference's main curves.
+  static const char* const kVsSamples[] = {"learning-rate", "batch-size", "loss-scale",
+                                           "world-size",    "grad-norm",  "params-norm"};
+  const int64_t samples = setup_.state.train_state.consumed_train_samples;
+  try {
+    for (const auto& [name, value] : record.metrics) {
+      writer_->add_scalar(name, value, iteration);
+      const bool vs_samples = loss_dict.count(name) != 0 ||
+                              std::find(std::begin(kVsSamples), std::end(kVsSamples), name) != std::end(kVsSamples);
+      if (tensorboard_ && vs_samples) tensorboard_->add_scalar(name + " vs samples", value, samples);
+    }
+    writer_->flush();
+  } catch (const std::exception& e) {
+    // Only this rank writes: keep training to the next log step, whose collective fails every rank together.
+    writer_error_ = e.what();
+    bridge::utils::logger().error("writing the metrics of step {} failed: {}", iteration, writer_error_);
+    writer_.reset();
+    tensorboard_.reset();
+  }
+}
+
 void TrainingLogger::flush() {
-  if (writer_) writer_->flush();
+  if (!writer_) return;
+  try {
+    writer_->flush();
+  } catch (const std::exception& e) {
+    bridge::utils::logger().error("flushing the metric writers failed: {}", e.what());
+  }
 }
 
 }  // namespace bridge::training

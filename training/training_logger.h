@@ -1,7 +1,8 @@
 // TrainingLogger: what pretrain() does after each step to log it (Megatron-Bridge's training_log as the loop calls
 // it). Every rank accumulates the losses; at a log step (every logging.log_interval steps for the console,
 // logging.tensorboard_log_interval for the writers) all ranks share their statistics and the pending control
-// requests in ONE collective, fire on_log, and the last rank prints Megatron's line and writes the metrics.
+// requests in ONE collective, fire on_log, and the last rank prints Megatron's line and writes the metrics. Only the
+// last rank's on_log text reaches the console line, and only its metrics the writers.
 #pragma once
 
 #include <chrono>
@@ -41,13 +42,12 @@ class TrainingLogger {
   /// the collective agreed at a log step, nothing otherwise.
   std::optional<LoggedStep> after_step(const LossDict& loss_dict, double grad_norm, bool skipped_iter);
 
-  /// Flushes the writers (at the end of training; the writers also flush after every write).
+  /// Flushes the writers (at the end of training; the writers also flush after every write). A failure is logged,
+  /// not thrown: the other ranks could not learn of it.
   void flush();
 
-  /// Collectives issued by the log steps so far (for the cost test and the note).
-  int64_t log_steps() const { return log_steps_; }
-
  private:
+  void write(const LogRecord& record, const LossDict& loss_dict, int64_t iteration);
   bool is_console_step(int64_t iteration) const;
   bool is_writer_step(int64_t iteration) const;
   double seconds_since_start() const;
@@ -63,8 +63,9 @@ class TrainingLogger {
   double flops_per_step_ = 0.0;
   double flops_at_last_log_ = 0.0;
   bool report_memory_flag_ = true;
+  int64_t loaded_iteration_ = 0;              // the step training started from
   std::vector<std::string> grad_norm_names_;  // the whole model's parameter names, gathered once
-  int64_t log_steps_ = 0;
+  std::string writer_error_;                  // a write that failed on this rank, shared at the next log step
 };
 
 }  // namespace bridge::training

@@ -194,4 +194,36 @@ TEST(StatsCollectives, ALogStepCostsOneWorldCollectiveAndNoModelParallelOne) {
 
 TEST(StatsCollectives, OnLogListenersAddTheStepBoundaryAgreement) { expect_all_ok(run_count(2, true), "count: ok"); }
 
+// After a log step's collective, requests made in on_log still take effect at that step; requests made before it
+// travel in it.
+std::vector<RankResult> run_control(const std::string& mode, const fs::path& directory) {
+  return run_ranks(kWorker, {"control", mode, directory.string()}, 2, std::chrono::seconds(180));
+}
+
+TEST(StatsControl, AStopAskedInOnLogStopsEveryRankAtThatStep) {
+  const auto results = run_control("on_log_stop", fresh_directory("on_log_stop"));
+  expect_all_ok(results, "control: ok");
+  for (const RankResult& result : results)
+    EXPECT_THAT(result.output, HasSubstr("ended at step 4")) << describe(results);
+}
+
+TEST(StatsControl, AStopAskedBeforeALogStepTravelsInItsCollective) {
+  const auto results = run_control("step_end_stop", fresh_directory("step_end_stop"));
+  expect_all_ok(results, "control: ok");
+  for (const RankResult& result : results)
+    EXPECT_THAT(result.output, HasSubstr("ended at step 4")) << describe(results);
+  EXPECT_THAT(results[0].output, HasSubstr("callback 'stopper' asked to stop during on_train_step_end"))
+      << describe(results);
+}
+
+TEST(StatsControl, ASaveAskedInOnLogSavesAtThatStep) {
+  const fs::path directory = fresh_directory("on_log_save");
+  const auto results = run_control("on_log_save", directory);
+  expect_all_ok(results, "control: ok");
+  EXPECT_TRUE(fs::exists(directory / "iter_0000002")) << describe(results);
+  EXPECT_TRUE(fs::exists(directory / "iter_0000006")) << describe(results);
+  EXPECT_FALSE(fs::exists(directory / "iter_0000004")) << describe(results);
+  fs::remove_all(directory);
+}
+
 }  // namespace

@@ -8,6 +8,10 @@
 //       pretrain() 7 steps and check, from ProcessGroup::operation_count(), the collectives each step issues on the
 //       world group (one per step, log steps included; one more when some rank listens to on_log; two once for the
 //       parameter names of the per-parameter grad norms) and that logging adds none on the model-parallel group.
+//   stats_worker control <on_log_stop|step_end_stop|on_log_save> <out_dir>
+//       6 steps logged every 2; a stop asked in on_log on the last rank at step 4, a stop asked in on_train_step_end
+//       on rank 0 during the step that ends as step 4 (a log step, whose collective carries it), or a save asked in
+//       on_log on rank 0 at step 2: every rank prints where it ended.
 //
 // Exit 0 on success; a failed check prints "FAILED ..." and exits 1.
 #include <algorithm>
@@ -181,6 +185,45 @@ int run_count(int64_t log_interval, bool with_on_log) {
   return 0;
 }
 
+int run_control(const std::string& mode, const std::string& out_dir) {
+  ConfigContainer config = tiny_config(1, parallel::get_world_size(), 0, 6);
+  config.logging.log_interval = 2;
+  const int rank = parallel::get_rank();
+  const bool last = rank == parallel::get_world_size() - 1;
+  auto callbacks = std::make_shared<CallbackManager>();
+  if (mode == "on_log_stop" && last) {
+    callbacks->register_callback(
+        Event::kLog,
+        [](CallbackContext& ctx) {
+          if (ctx.log->iteration == 4) ctx.request_stop("enough at 4");
+        },
+        "stopper");
+  } else if (mode == "step_end_stop" && rank == 0) {
+    callbacks->register_callback(
+        Event::kTrainStepEnd,
+        [](CallbackContext& ctx) {
+          if (ctx.state.train_state.step == 3) ctx.request_stop("enough during step 4");
+        },
+        "stopper");
+  } else if (mode == "on_log_save") {
+    config.checkpoint.save = out_dir;
+    if (rank == 0) {
+      callbacks->register_callback(
+          Event::kLog,
+          [](CallbackContext& ctx) {
+            if (ctx.log->iteration == 2) ctx.request_save("save at 2");
+          },
+          "saver");
+    }
+  } else if (mode != "on_log_stop" && mode != "step_end_stop") {
+    throw std::invalid_argument("unknown control mode " + mode);
+  }
+  const TrainState state = pretrain(config, gpt_forward_step, callbacks);
+  std::printf("rank %d: ended at step %lld\n", rank, static_cast<long long>(state.step));
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,13 +233,16 @@ int main(int argc, char** argv) {
     parallel::init_distributed();
     if (scenario == "stats" && argc == 6) {
       code = run_stats(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+    } else if (scenario == "control" && argc == 4) {
+      code = run_control(argv[2], argv[3]);
     } else if (scenario == "count" && argc == 4) {
       code = run_count(std::stoll(argv[2]), std::string(argv[3]) == "1");
     } else {
       parallel::destroy_distributed();
       std::fprintf(stderr,
                    "usage: stats_worker stats <out_dir> <tp> <pp> <vpp|0>\n"
-                   "       stats_worker count <log_interval> <with_on_log 0|1>\n");
+                   "       stats_worker count <log_interval> <with_on_log 0|1>\n"
+                   "       stats_worker control <on_log_stop|step_end_stop|on_log_save> <out_dir>\n");
       return 2;
     }
   } catch (const std::exception& error) {

@@ -11,6 +11,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "training/utils/cuda_memory.h"
 #include "training/utils/flop_utils.h"
 #include "training/utils/packed_statistics.h"
 #include "training/utils/training_log.h"
@@ -22,7 +23,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-class OneRank : public ::testing::Test {
+class TrainUtilsOneRank : public ::testing::Test {
  protected:
   void SetUp() override {
     parallel::init_distributed(parallel::LaunchEnv{}, {});
@@ -108,6 +109,7 @@ TEST(ReportRuntime, NoEstimateBeforeTheFirstStepAndUnitsChecked) {
 }
 
 TEST(ReportMemory, CpuResidentSetFromTheOs) {
+  if (cuda_memory_stats_available()) GTEST_SKIP() << "a GPU is visible: report_memory reads the CUDA allocator";
   const StatReport report = report_memory();
   ASSERT_THAT(names(report), ElementsAre("mem-resident-gigabytes", "mem-max-resident-gigabytes"));
   EXPECT_GT(value(report, "mem-resident-gigabytes"), 0.0);
@@ -126,14 +128,14 @@ TEST(ReportMemory, KeysSelectAndRename) {
   EXPECT_EQ(default_memory_keys()[8].second, "mem-alloc-retires");
 }
 
-TEST_F(OneRank, ReduceMaxMemoryIsTheIdentityWithoutAPipeline) {
+TEST_F(TrainUtilsOneRank, ReduceMaxMemoryIsTheIdentityWithoutAPipeline) {
   const StatReport report = {{"mem-allocated-count", int64_t{7}}, {"mem-reserved-gigabytes", 1.5}};
   EXPECT_EQ(reduce_max_memory_across_pp_group(report, nullptr), report);
   EXPECT_EQ(reduce_max_memory_across_pp_group(report, &parallel::get_pipeline_model_parallel_group()), report);
   EXPECT_TRUE(reduce_max_memory_across_pp_group({}, &parallel::get_pipeline_model_parallel_group()).empty());
 }
 
-TEST_F(OneRank, SmallCollectives) {
+TEST_F(TrainUtilsOneRank, SmallCollectives) {
   parallel::ProcessGroup& mp = parallel::get_model_parallel_group();
   EXPECT_EQ(reduce_max_stat_across_model_parallel_group(2.5, mp), 2.5);
   EXPECT_EQ(reduce_max_stat_across_model_parallel_group(std::nullopt, mp), std::nullopt);
@@ -141,7 +143,7 @@ TEST_F(OneRank, SmallCollectives) {
   EXPECT_FALSE(logical_and_across_model_parallel_group(false, mp));
 }
 
-TEST_F(OneRank, ParamsNormSkipsTheSharedCopyAndMeasuresHalfPrecisionInFp32) {
+TEST_F(TrainUtilsOneRank, ParamsNormSkipsTheSharedCopyAndMeasuresHalfPrecisionInFp32) {
   auto chunk = std::make_shared<torch::nn::Module>();
   chunk->register_parameter("a", torch::full({4}, 1.0));  // norm^2 4
   chunk->register_parameter("b", torch::full({9}, 2.0));  // norm^2 36
@@ -159,7 +161,7 @@ TEST_F(OneRank, ParamsNormSkipsTheSharedCopyAndMeasuresHalfPrecisionInFp32) {
   EXPECT_NEAR(calc_params_l2_norm(model), std::sqrt(40.0 + 0.4), 1e-6);
 }
 
-TEST_F(OneRank, GradNormsPerParameterAndGlobal) {
+TEST_F(TrainUtilsOneRank, GradNormsPerParameterAndGlobal) {
   // The reference's vector: grads 0..9. Per name exact; global is the norm of all of them, sqrt(285) (the reference
   // returns 74.92 by re-accumulating its own running "global").
   auto chunk = numbered_chunk(10);
@@ -242,7 +244,7 @@ TEST(TrainingLog, SkippedStepsCountNanOnlyWhenSkipped) {
   EXPECT_THAT(format_log_line(fields, total), ::testing::Not(HasSubstr("lm loss")));
 }
 
-TEST_F(OneRank, PackedStatisticsReduceEachEntry) {
+TEST_F(TrainUtilsOneRank, PackedStatisticsReduceEachEntry) {
   PackedStatistics stats;
   parallel::ProcessGroup& world = parallel::get_world_group();
   const auto sum = stats.add("sum", parallel::ReduceOp::kSum, parallel::get_model_parallel_group(), {1.5, -2.0});

@@ -31,7 +31,8 @@ class PackedStatistics {
             std::vector<double> values);
 
   /// The collective: one all_gather of every entry over `world`, then the local reductions. Throws if the ranks'
-  /// entries differ in names or lengths. Call once.
+  /// entries differ in names or lengths (a different total length already fails in the backend's all_gather). Call
+  /// once.
   void exchange(parallel::ProcessGroup& world);
 
   /// The reduced values of `entry` (after exchange()).

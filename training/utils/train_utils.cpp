@@ -59,7 +59,8 @@ double local_params_norm_squared(const ModelChunks& model, bool force_create_fp3
       const bool to_fp32 =
           force_create_fp32_copy || param.scalar_type() == torch::kHalf || param.scalar_type() == torch::kBFloat16;
       const torch::Tensor measured = to_fp32 ? param.detach().to(torch::kFloat) : param.detach();
-      sum += measured.norm().pow(2).item<double>();
+      const double norm = measured.norm().item<double>();
+      sum += norm * norm;
     }
   }
   return sum;
@@ -137,7 +138,9 @@ std::map<std::string, int64_t> cpu_memory_stats() {
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) {
     // Linux updates the high-water mark lazily (when the resident set shrinks), so it can trail the current value.
-    stats["resident_bytes.peak"] = std::max(int64_t{usage.ru_maxrss} * 1024, stats["resident_bytes.current"]);
+    const auto current = stats.find("resident_bytes.current");
+    stats["resident_bytes.peak"] =
+        std::max(int64_t{usage.ru_maxrss} * 1024, current != stats.end() ? current->second : int64_t{0});
   }
   return stats;
 }
@@ -181,10 +184,13 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
   std::vector<std::pair<std::string, double>> terms;
   for (const auto& [name, param] : named_model_parameters(model)) {
     // The last stage's tied copy of the embedding is the embedding: its gradient is counted under the embedding's name.
-    if (!param.requires_grad() || !tp::param_is_not_shared(param)) continue;
+    // Frozen parameters keep their term (zero), so the list of names does not change when one is unfrozen.
+    if (!tp::param_is_not_shared(param)) continue;
     const torch::Tensor& grad = param.grad();
     const bool counted = grad.defined() && counts_toward_model_norm(param);
-    terms.emplace_back(name, counted ? grad.to(torch::kDouble).pow(2).sum().item<double>() : 0.0);
+    // The norm in the gradient's own precision, squared in double: a double copy of every gradient cost 4x as much.
+    const double norm = counted ? grad.norm().item<double>() : 0.0;
+    terms.emplace_back(name, norm * norm);
   }
   return terms;
 }

@@ -26,7 +26,7 @@
 
 namespace bridge::training::utils {
 
-/// A reported statistic: counters stay integers through reductions and into the writers.
+/// A reported statistic: counters stay integers through the reductions here (the writers take doubles).
 using StatValue = std::variant<int64_t, double>;
 /// Named statistics in report order (the reference's dict).
 using StatReport = std::vector<std::pair<std::string, StatValue>>;
@@ -79,15 +79,16 @@ const MemoryKeys& default_memory_keys();
 StatReport report_memory(const std::optional<MemoryKeys>& memory_keys = std::nullopt);
 
 /// One term per named parameter: this rank's share of its squared gradient norm (a partial sum for tensor-parallel
-/// shards, zero for tensor-parallel duplicates), under its layout-independent name. The last stage's copy of a tied
-/// embedding has no term of its own: it is the embedding.
+/// shards, zero for tensor-parallel duplicates and parameters without a gradient), under its layout-independent name.
+/// The last stage's copy of a tied embedding has no term of its own: it is the embedding.
 std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelChunks& model);
 
 /// Collective over the model-parallel group (names gathered over the world once per call, values summed over mp):
 /// "l2_norm/grad/<name>" for every parameter of the whole model, in name order, then "l2_norm/grad/global", the norm
 /// of all of them. Differs from the reference, whose "global" re-accumulates inside the chunk loop over every value
 /// so far, previous "global"s included (74.92 instead of 16.88 for grads 0..9), and which reports only this rank's
-/// parameters: here "global" equals the gradient norm of the whole model, the same on every rank and layout.
+/// parameters: here "global" is the gradient norm of the whole model, the same on every rank and layout. Called after
+/// the optimizer step, as the loop does, it measures the gradients after clipping.
 StatReport report_l2_norm_grad(const ModelChunks& model);
 
 /// "time/remaining_estimate" (elapsed / done fraction x fraction left, omitted before the first step),

@@ -1,5 +1,5 @@
 // The training log (the pure part of Megatron-Bridge's training_log): losses accumulated between console lines with
-// the advanced/skipped/NaN counters, and Megatron's console line. The loop (training/log_step.cpp) gathers the
+// the advanced/skipped/NaN counters, and Megatron's console line. The loop (training/training_logger.cpp) gathers the
 // statistics, fires on_log and writes the metrics; this file only counts and formats, so tests can pin every field.
 //
 //    [2026-11-22 10:00:00] iteration       10/     100 | consumed samples:          320 | elapsed time per
