@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 
+#include "training/datasets/gpt_dataset.h"
 #include "training/optimizer_param_scheduler.h"
 #include "utils/check.h"
 
@@ -91,6 +92,12 @@ void ConfigContainer::validate(int world_size) const {
   require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
   require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
           "checkpoint.save_interval is set but checkpoint.save (the directory) is empty; set both or neither");
+  if (!dataset.data_path.empty() && !dataset.provider) {
+    datasets::parse_split(dataset.split);  // throws naming dataset.split
+    require(rng.seed <= 0xFFFFFFFFULL, "rng.seed (" + std::to_string(rng.seed) +
+                                           ") must be below 2^32 with dataset.data_path: Megatron's sample order comes "
+                                           "from NumPy's RandomState(seed)");
+  }
 }
 
 }  // namespace bridge::training

@@ -8,6 +8,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
+#include "training/datasets/gpt_dataset.h"
 #include "training/pretrain_setup.h"
 #include "utils/logging.h"
 
@@ -124,7 +125,9 @@ void build(PretrainSetup& setup) {
 
   setup.fire_training(Event::kDataInitStart);
 
-  setup.datasets = config.dataset.provider ? config.dataset.provider(config) : mock_datasets(config);
+  setup.datasets = config.dataset.provider             ? config.dataset.provider(config)
+                   : !config.dataset.data_path.empty() ? datasets::build_gpt_datasets(config)
+                                                       : mock_datasets(config);
   if (!setup.datasets.train && config.train.train_iters > 0 && !config.train.skip_train) {
     throw std::invalid_argument("dataset.provider returned no train dataset but train.train_iters is " +
                                 std::to_string(config.train.train_iters));

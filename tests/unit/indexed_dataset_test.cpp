@@ -1,0 +1,268 @@
+// The indexed dataset reader against files written by an independent Python port of Megatron-Core's writer (uint16
+// and int32 tokens, every array unaligned), the C++ builder byte for byte against the same writer, and damaged files
+// (truncations, bad header fields, counts and pointers past the end, random bit flips) as clear errors.
+#include "training/datasets/indexed_dataset.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "tests/unit/datasets_test_support.h"
+
+namespace bridge::training::datasets {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::known_document;
+using testing::read_bytes;
+using testing::ScratchDir;
+using testing::write_bytes;
+using testing::write_reference_dataset;
+
+TEST(IndexedDatasetTest, OptimalDtypeFollowsMegatron) {
+  EXPECT_EQ(optimal_dtype(257), DType::kUInt16);
+  EXPECT_EQ(optimal_dtype(65499), DType::kUInt16);
+  EXPECT_EQ(optimal_dtype(65500), DType::kInt32);
+  EXPECT_EQ(optimal_dtype(50257), DType::kUInt16);
+  EXPECT_EQ(static_cast<int>(DType::kUInt16), 8);
+  EXPECT_EQ(static_cast<int>(DType::kInt32), 4);
+  EXPECT_EQ(dtype_size(DType::kUInt16), 2u);
+  EXPECT_EQ(dtype_size(DType::kFloat64), 8u);
+  EXPECT_THROW(optimal_dtype(0), std::invalid_argument);
+}
+
+// 5 and 6 sequences put the pointer and document arrays at offsets 2 and 6 mod 8; the lengths are at 34 (2 mod 4).
+TEST(IndexedDatasetTest, ReadsMegatronFilesOfUint16AndInt32AtUnalignedOffsets) {
+  ScratchDir dir;
+  for (const std::string dtype : {"uint16", "int32"}) {
+    for (const int count : {5, 6, 1}) {
+      SCOPED_TRACE(dtype + " x " + std::to_string(count));
+      const std::string prefix = dir / (dtype + std::to_string(count));
+      write_reference_dataset(prefix, dtype, count);
+      const bool uint16 = dtype == "uint16";
+      IndexedDataset dataset(prefix);
+      EXPECT_EQ(dataset.dtype(), uint16 ? DType::kUInt16 : DType::kInt32);
+      ASSERT_EQ(dataset.size(), count);
+      std::vector<int64_t> expected_documents;
+      int64_t pointer = 0;
+      for (int i = 0; i < count; ++i) {
+        const std::vector<int64_t> expected = known_document(i, uint16);
+        EXPECT_EQ(dataset.sequence_lengths()[static_cast<std::size_t>(i)], static_cast<int32_t>(expected.size()));
+        EXPECT_EQ(dataset.sequence_pointers()[static_cast<std::size_t>(i)], pointer);
+        pointer += static_cast<int64_t>(expected.size()) * (uint16 ? 2 : 4);
+        EXPECT_EQ(dataset.get(i), expected);
+        const torch::Tensor tensor = dataset.get_tensor(i);
+        EXPECT_EQ(tensor.scalar_type(), torch::kLong);
+        EXPECT_EQ(std::vector<int64_t>(tensor.data_ptr<int64_t>(), tensor.data_ptr<int64_t>() + tensor.numel()),
+                  expected);
+        if (expected.size() >= 3) {
+          EXPECT_EQ(dataset.get(i, 1, 2), std::vector<int64_t>(expected.begin() + 1, expected.begin() + 3));
+          EXPECT_EQ(dataset.get(i, 2), std::vector<int64_t>(expected.begin() + 2, expected.end()));
+        }
+        expected_documents.push_back(i);
+      }
+      expected_documents.push_back(count);
+      EXPECT_EQ(dataset.document_indices(), expected_documents);
+      if (!uint16 && count > 1) {
+        EXPECT_GT(dataset.get(1)[1], 65535) << "int32 content must exceed uint16";
+      }
+    }
+  }
+}
+
+TEST(IndexedDatasetTest, GetOutsideASequenceThrows) {
+  ScratchDir dir;
+  write_reference_dataset(dir / "d", "uint16", 3);
+  IndexedDataset dataset(dir / "d");
+  const int64_t length = dataset.sequence_lengths()[1];
+  EXPECT_THROW(dataset.get(-1), std::out_of_range);
+  EXPECT_THROW(dataset.get(3), std::out_of_range);
+  EXPECT_THROW(dataset.get(1, length + 1), std::out_of_range);
+  EXPECT_THROW(dataset.get(1, 0, length + 1), std::out_of_range);
+  EXPECT_THROW(dataset.get(1, -1, 1), std::out_of_range);
+  EXPECT_TRUE(dataset.get(1, length).empty());
+}
+
+TEST(IndexedDatasetBuilderTest, WritesFilesByteIdenticalToMegatron) {
+  ScratchDir dir;
+  for (const std::string dtype : {"uint16", "int32"}) {
+    SCOPED_TRACE(dtype);
+    const bool uint16 = dtype == "uint16";
+    write_reference_dataset(dir / ("py_" + dtype), dtype, 7);
+    IndexedDatasetBuilder builder(dir / ("cpp_" + dtype), uint16 ? DType::kUInt16 : DType::kInt32);
+    for (int i = 0; i < 7; ++i) builder.add_document(known_document(i, uint16));
+    EXPECT_FALSE(testing::fs::exists(dir / ("cpp_" + dtype + ".idx"))) << "the files must appear only at finalize";
+    builder.finalize();
+    EXPECT_EQ(builder.num_documents(), 7);
+    for (const std::string ext : {".bin", ".idx"}) {
+      const std::string ours = read_bytes(dir / ("cpp_" + dtype + ext));
+      ASSERT_FALSE(ours.empty());
+      EXPECT_EQ(ours, read_bytes(dir / ("py_" + dtype + ext))) << ext;
+    }
+  }
+  // Nothing but the finished files is left behind.
+  int files = 0;
+  for (const auto& entry : testing::fs::directory_iterator(dir.path())) {
+    EXPECT_THAT(entry.path().string(), ::testing::Not(HasSubstr(".tmp"))) << entry.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 8);
+}
+
+TEST(IndexedDatasetBuilderTest, SeveralSequencesPerDocumentAndEmptyDocuments) {
+  ScratchDir dir;
+  IndexedDatasetBuilder builder(dir / "multi", DType::kUInt16);
+  builder.add_document({1, 2, 3, 4, 5}, {2, 3});
+  builder.add_document({}, {});  // empty text: a document without sequences, as preprocess_data.py writes it
+  builder.add_item({9});
+  builder.add_item({});
+  builder.end_document();
+  EXPECT_THROW(builder.add_document({1, 2}, {3}), std::invalid_argument);
+  builder.finalize();
+  EXPECT_THROW(builder.add_document({1}), std::logic_error);
+  IndexedDataset dataset(dir / "multi");
+  EXPECT_EQ(dataset.size(), 4);
+  EXPECT_EQ(dataset.document_indices(), (std::vector<int64_t>{0, 2, 2, 4}));
+  EXPECT_EQ(dataset.get(0), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(dataset.get(1), (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(dataset.get(2), (std::vector<int64_t>{9}));
+  EXPECT_TRUE(dataset.get(3).empty());
+}
+
+TEST(IndexedDatasetBuilderTest, RejectsTokensOutsideTheDtypeAndCleansUp) {
+  ScratchDir dir;
+  {
+    IndexedDatasetBuilder builder(dir / "narrow", DType::kUInt16);
+    builder.add_document({0, 65535});
+    try {
+      builder.add_document({1, 65536});
+      FAIL() << "65536 does not fit uint16";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("65536"));
+      EXPECT_THAT(e.what(), HasSubstr("uint16"));
+    }
+    EXPECT_THROW(builder.add_document({-1}), std::invalid_argument);
+  }  // not finalized: the temporary .bin goes away
+  EXPECT_TRUE(testing::fs::is_empty(dir.path()));
+  EXPECT_THROW(IndexedDatasetBuilder(dir / "f", DType::kFloat32), std::invalid_argument);
+  EXPECT_THROW(IndexedDatasetBuilder(dir / "missing/folder/x", DType::kUInt16), std::runtime_error);
+}
+
+// Expects opening `prefix` to fail with a runtime_error whose message holds every one of `parts`.
+void expect_damaged(const std::string& prefix, const std::vector<std::string>& parts) {
+  try {
+    IndexedDataset dataset(prefix);
+    ADD_FAILURE() << "opened a damaged dataset";
+  } catch (const std::runtime_error& e) {
+    for (const auto& part : parts) EXPECT_THAT(e.what(), HasSubstr(part));
+  }
+}
+
+TEST(IndexedDatasetTest, DamagedFilesAreClearErrors) {
+  ScratchDir dir;
+  const std::string good = dir / "good";
+  write_reference_dataset(good, "uint16", 5);
+  const std::string idx = read_bytes(good + ".idx"), bin = read_bytes(good + ".bin");
+  const std::size_t n = 5, header = 34;
+  ASSERT_EQ(idx.size(), header + 12 * n + 8 * (n + 1));
+  const std::string bad = dir / "bad";
+  const auto with = [&](std::string new_idx, std::string new_bin) {
+    write_bytes(bad + ".idx", new_idx);
+    write_bytes(bad + ".bin", new_bin);
+  };
+  const auto patched = [&](std::size_t at, const void* value, std::size_t size) {
+    std::string copy = idx;
+    std::memcpy(copy.data() + at, value, size);
+    return copy;
+  };
+
+  for (const std::size_t size : {std::size_t{0}, std::size_t{8}, std::size_t{33}}) {
+    with(idx.substr(0, size), bin);
+    expect_damaged(bad, {bad + ".idx", "at least 34 bytes", "has " + std::to_string(size)});
+  }
+  with(idx.substr(0, header + 4 * n - 1), bin);
+  expect_damaged(bad, {bad + ".idx", "sequence_count 5"});
+  with(idx.substr(0, idx.size() - 1), bin);
+  expect_damaged(bad, {bad + ".idx", "document_count 6"});
+  with(idx + "xyz", bin);
+  expect_damaged(bad, {bad + ".idx", "the file has " + std::to_string(idx.size() + 3) + " bytes"});
+  with(idx, bin.substr(0, bin.size() - 1));
+  expect_damaged(bad, {bad + ".bin", "has " + std::to_string(bin.size() - 1) + " bytes", "sequence 4"});
+  testing::fs::remove(bad + ".bin");
+  write_bytes(bad + ".idx", idx);
+  expect_damaged(bad, {"cannot open " + bad + ".bin"});
+  expect_damaged(dir / "absent", {"cannot open " + dir / "absent.idx"});
+
+  with(patched(0, "X", 1), bin);
+  expect_damaged(bad, {"bad magic"});
+  const uint64_t version = 2;
+  with(patched(9, &version, 8), bin);
+  expect_damaged(bad, {"version is 2"});
+  for (const uint8_t code : {uint8_t{0}, uint8_t{9}}) {
+    with(patched(17, &code, 1), bin);
+    expect_damaged(bad, {"dtype code is " + std::to_string(code)});
+  }
+  const uint64_t huge = uint64_t{1} << 62;
+  with(patched(18, &huge, 8), bin);
+  expect_damaged(bad, {"sequence_count " + std::to_string(huge)});
+  with(patched(26, &huge, 8), bin);
+  expect_damaged(bad, {"document_count " + std::to_string(huge)});
+  const int32_t negative = -3;
+  with(patched(header, &negative, 4), bin);
+  expect_damaged(bad, {"sequence_lengths[0] is -3"});
+  const int64_t past_end = static_cast<int64_t>(bin.size());
+  with(patched(header + 4 * n + 8 * (n - 1), &past_end, 8), bin);
+  expect_damaged(bad, {"sequence 4", "spans bytes [" + std::to_string(past_end)});
+  const int64_t before_start = -8;
+  with(patched(header + 4 * n, &before_start, 8), bin);
+  expect_damaged(bad, {"sequence 0", "spans bytes [-8"});
+  const int64_t backwards = 0;
+  with(patched(header + 12 * n + 8 * 3, &backwards, 8), bin);
+  expect_damaged(bad, {"document_indices[3] is 0"});
+  const int64_t beyond = 9;
+  with(patched(header + 12 * n + 8 * n, &beyond, 8), bin);
+  expect_damaged(bad, {"document_indices[5] is 9"});
+}
+
+// Random truncations and bit flips: the reader either opens the files and then reads every sequence inside the
+// .bin, or throws runtime_error; it never crashes or reads out of bounds (the ASan build checks the latter).
+TEST(IndexedDatasetTest, RandomDamageNeverCrashes) {
+  ScratchDir dir;
+  const std::string good = dir / "good";
+  write_reference_dataset(good, "int32", 9);
+  const std::string idx = read_bytes(good + ".idx"), bin = read_bytes(good + ".bin");
+  const std::string bad = dir / "bad";
+  std::mt19937 random(7);
+  int opened = 0, rejected = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string new_idx = idx, new_bin = bin;
+    const int kind = trial % 3;
+    if (kind == 0) {
+      new_idx.resize(random() % idx.size());
+    } else if (kind == 1) {
+      new_idx[random() % idx.size()] ^= static_cast<char>(1 << (random() % 8));
+    } else {
+      new_bin.resize(random() % bin.size());
+    }
+    write_bytes(bad + ".idx", new_idx);
+    write_bytes(bad + ".bin", new_bin);
+    try {
+      IndexedDataset dataset(bad);
+      int64_t total = 0;
+      for (int64_t i = 0; i < dataset.size(); ++i) total += static_cast<int64_t>(dataset.get(i).size());
+      EXPECT_LE(total * static_cast<int64_t>(dtype_size(dataset.dtype())), static_cast<int64_t>(new_bin.size()));
+      ++opened;
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(bad));
+      ++rejected;
+    }
+  }
+  EXPECT_GT(rejected, 150);  // every truncation of either file is rejected
+  EXPECT_GT(opened, 0);      // flips inside token-free regions (high bytes of pointers are not) may still open
+}
+
+}  // namespace
+}  // namespace bridge::training::datasets

@@ -1,0 +1,174 @@
+// Tokenizers: the byte-level one, and GPT-2 BPE on a small hand-made vocabulary whose expected ids are derived by
+// hand below (pre-tokenization pieces, then merges lowest rank first), plus the Unicode classes and file errors.
+#include "training/datasets/tokenizer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "tests/unit/datasets_test_support.h"
+#include "training/datasets/unicode_classes.h"
+
+namespace bridge::training::datasets {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ScratchDir;
+using testing::write_bytes;
+
+TEST(ByteLevelTokenizerTest, BytesAreIdsAndEodIs256) {
+  ByteLevelTokenizer tokenizer;
+  EXPECT_EQ(tokenizer.vocab_size(), 257);
+  EXPECT_EQ(tokenizer.eod(), 256);
+  EXPECT_EQ(tokenizer.encode("hé!"), (std::vector<int64_t>{104, 0xC3, 0xA9, 33}));
+  EXPECT_TRUE(tokenizer.encode("").empty());
+  EXPECT_EQ(tokenizer.decode({104, 0xC3, 0xA9, 33}), "hé!");
+  EXPECT_EQ(tokenizer.decode({104, 256}), "h<|endoftext|>");
+  EXPECT_THROW(tokenizer.decode({257}), std::out_of_range);
+  EXPECT_THROW(tokenizer.decode({-1}), std::out_of_range);
+}
+
+TEST(UnicodeClassesTest, LettersNumbersAndWhitespaceOfEveryScript) {
+  for (const char32_t c : {U'a', U'Z', U'é', U'ß', U'Ж', U'中', U'ا', U'ℵ'}) EXPECT_TRUE(is_unicode_letter(c)) << c;
+  for (const char32_t c : {U'0', U'9', U'½', U'²', U'٣', U'Ⅻ'}) EXPECT_TRUE(is_unicode_number(c)) << c;
+  for (const char32_t c : {U' ', U'\t', U'\n', U'\r', U'\v', U'\f', U'\u00A0', U'\u2003', U'\u3000'}) {
+    EXPECT_TRUE(is_unicode_whitespace(c)) << static_cast<int>(c);
+  }
+  for (const char32_t c : {U'!', U'\'', U'-', U'€', U'😀', U'_'}) {
+    EXPECT_FALSE(is_unicode_letter(c) || is_unicode_number(c) || is_unicode_whitespace(c)) << static_cast<int>(c);
+  }
+  EXPECT_FALSE(is_unicode_letter(U'5'));
+  EXPECT_FALSE(is_unicode_number(U'x'));
+}
+
+// GPT-2's id of a single byte: the vocabulary lists the 256 byte characters in bytes_to_unicode order (printable
+// 33..126, 161..172, 174..255, then the other bytes from 0 upwards), so the space byte is 220 as in GPT-2.
+int64_t byte_id(int b) {
+  if (b >= 33 && b <= 126) return b - 33;
+  if (b >= 161 && b <= 172) return 94 + (b - 161);
+  if (b >= 174) return 106 + (b - 174);
+  if (b <= 32) return 188 + b;
+  if (b >= 127 && b <= 160) return 221 + (b - 127);
+  return 255;  // 173, the soft hyphen
+}
+
+// The byte character of byte b, as GPT-2's bytes_to_unicode maps it (UTF-8).
+std::string byte_char(int b) {
+  int code = b;
+  if (byte_id(b) >= 188) code = 256 + static_cast<int>(byte_id(b) - 188);
+  std::string out;
+  if (code < 0x80) {
+    out += static_cast<char>(code);
+  } else {
+    out += static_cast<char>(0xC0 | (code >> 6));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  }
+  return out;
+}
+
+class GPT2BPETokenizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // 256 byte characters, then the merge results and EOD.
+    std::string vocab = "{";
+    for (int b = 0; b < 256; ++b) {
+      std::string c = byte_char(b);
+      if (c == "\"" || c == "\\") c = "\\" + c;
+      vocab += "\"" + c + "\": " + std::to_string(byte_id(b)) + ", ";
+    }
+    vocab +=
+        "\"he\": 256, \"ll\": 257, \"hell\": 258, \"hello\": 259, \"Ġw\": 260, \"or\": 261, \"Ġwor\": 262, "
+        "\"Ġworl\": 263, \"Ġworld\": 264, \"'s\": 265, \"12\": 266, \"<|endoftext|>\": 267}";
+    write_bytes(dir_ / "vocab.json", vocab);
+    write_bytes(dir_ / "merges.txt",
+                "#version: 0.2\nh e\nl l\nhe ll\nhell o\nĠ w\no r\nĠw or\nĠwor l\nĠworl d\n' s\n1 2\n");
+    tokenizer_ = std::make_unique<GPT2BPETokenizer>(dir_ / "vocab.json", dir_ / "merges.txt");
+  }
+
+  std::vector<int64_t> encode(const std::string& text) {
+    std::vector<int64_t> ids = tokenizer_->encode(text);
+    EXPECT_EQ(tokenizer_->decode(ids), text) << "round trip";
+    return ids;
+  }
+
+  ScratchDir dir_;
+  std::unique_ptr<GPT2BPETokenizer> tokenizer_;
+};
+
+TEST_F(GPT2BPETokenizerTest, VocabularyAndEod) {
+  EXPECT_EQ(tokenizer_->vocab_size(), 268);
+  EXPECT_EQ(tokenizer_->eod(), 267);
+  EXPECT_EQ(tokenizer_->decode({267}), "<|endoftext|>");
+  EXPECT_EQ(byte_id(' '), 220);
+  EXPECT_EQ(byte_char(' '), "Ġ");
+  EXPECT_THROW(tokenizer_->decode({268}), std::out_of_range);
+}
+
+TEST_F(GPT2BPETokenizerTest, MergesApplyLowestRankFirst) {
+  // "hello": h e l l o -> (h,e) rank 0 -> he l l o -> (l,l) 1 -> he ll o -> (he,ll) 2 -> hell o -> 3 -> hello.
+  // " world": Ġ w o r l d -> (Ġ,w) 4 -> (o,r) 5 -> (Ġw,or) 6 -> (Ġwor,l) 7 -> (Ġworl,d) 8 -> Ġworld.
+  EXPECT_EQ(encode("hello world"), (std::vector<int64_t>{259, 264}));
+  // " 12" -> Ġ 1 2: (1,2) rank 10 only; Ġ stays alone.
+  EXPECT_EQ(encode(" 12"), (std::vector<int64_t>{220, 266}));
+  // No merge applies: the byte ids.
+  EXPECT_EQ(encode("dog"), (std::vector<int64_t>{byte_id('d'), byte_id('o'), byte_id('g')}));
+}
+
+TEST_F(GPT2BPETokenizerTest, PreTokenizationFollowsGpt2Pattern) {
+  // Two spaces before a word: the first stands alone, the second leads the word.
+  EXPECT_EQ(encode("hello  world!"), (std::vector<int64_t>{259, 220, 264, byte_id('!')}));
+  EXPECT_EQ(encode("  hello"), (std::vector<int64_t>{220, 220, 259}));
+  // Contractions are pieces of their own ('s merges); uppercase is not a contraction.
+  EXPECT_EQ(encode("he's 12"), (std::vector<int64_t>{256, 265, 220, 266}));
+  EXPECT_EQ(encode("'S"), (std::vector<int64_t>{byte_id('\''), byte_id('S')}));
+  EXPECT_EQ(encode("x'll"), (std::vector<int64_t>{byte_id('x'), byte_id('\''), 257}));
+  // Trailing whitespace is one piece; a single newline before a letter stands alone.
+  EXPECT_EQ(encode("hi  "), (std::vector<int64_t>{byte_id('h'), byte_id('i'), 220, 220}));
+  EXPECT_EQ(encode("a\n\nb"), (std::vector<int64_t>{byte_id('a'), byte_id('\n'), byte_id('\n'), byte_id('b')}));
+  // Non-ASCII: é (C3 A9) is a letter, ½ (C2 BD) a number that takes the space before it.
+  EXPECT_EQ(encode("é ½"), (std::vector<int64_t>{byte_id(0xC3), byte_id(0xA9), 220, byte_id(0xC2), byte_id(0xBD)}));
+  // Symbols run together and take a leading space: " !!" is one piece (no merges, so three ids).
+  EXPECT_EQ(encode("a !!"), (std::vector<int64_t>{byte_id('a'), 220, byte_id('!'), byte_id('!')}));
+  EXPECT_TRUE(encode("").empty());
+}
+
+TEST_F(GPT2BPETokenizerTest, InvalidUtf8IsAnError) {
+  EXPECT_THROW(tokenizer_->encode(std::string("ab\xFF")), std::invalid_argument);
+  EXPECT_THROW(tokenizer_->encode(std::string("\xC3")), std::invalid_argument);
+  EXPECT_THROW(tokenizer_->encode(std::string("\xED\xA0\x80")), std::invalid_argument);  // a surrogate
+}
+
+TEST_F(GPT2BPETokenizerTest, BadFilesNameTheFileAndLine) {
+  const auto expect_error = [&](const std::string& vocab, const std::string& merges, const std::string& part) {
+    try {
+      GPT2BPETokenizer tokenizer(vocab, merges);
+      ADD_FAILURE() << "accepted " << vocab << " / " << merges;
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(part));
+    }
+  };
+  expect_error(dir_ / "absent.json", dir_ / "merges.txt", "cannot open the vocab file " + dir_ / "absent.json");
+  write_bytes(dir_ / "broken.json", "{\"a\": 0,");
+  expect_error(dir_ / "broken.json", dir_ / "merges.txt", dir_ / "broken.json");
+  write_bytes(dir_ / "no_eod.json", "{\"a\": 0}");
+  expect_error(dir_ / "no_eod.json", dir_ / "merges.txt", "<|endoftext|>");
+  write_bytes(dir_ / "gap.json", "{\"a\": 0, \"<|endoftext|>\": 5}");
+  expect_error(dir_ / "gap.json", dir_ / "merges.txt", "ids must be distinct");
+  write_bytes(dir_ / "bad_merges.txt", "#version: 0.2\nh e\nonlyone\n");
+  expect_error(dir_ / "vocab.json", dir_ / "bad_merges.txt", dir_ / "bad_merges.txt" + ":3");
+}
+
+TEST(BuildTokenizerTest, NamesAndSuggestions) {
+  EXPECT_EQ(build_tokenizer("ByteLevel")->vocab_size(), 257);
+  try {
+    build_tokenizer("ByteLevl");
+    FAIL() << "accepted a misspelt tokenizer type";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("did you mean ByteLevel?"));
+  }
+  EXPECT_THROW(build_tokenizer("GPT2BPETokenizer"), std::invalid_argument);  // no vocab or merges
+}
+
+}  // namespace
+}  // namespace bridge::training::datasets

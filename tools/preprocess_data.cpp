@@ -1,0 +1,127 @@
+// bridge-preprocess-data: turns text into a Megatron indexed dataset (.bin/.idx) that bridge-pretrain and
+// Megatron-LM both read, with the flags of Megatron-LM's tools/preprocess_data.py.
+//
+//   bridge-preprocess-data --input corpus.jsonl --output-prefix data/corpus --append-eod
+//       -> data/corpus_text_document.bin and .idx, byte-level tokens
+//   bridge-preprocess-data --input book.txt --input-format text --output-prefix data/book
+//       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod
+//
+// Exit status: 0 written, 1 bad input or I/O failure, 2 bad command line.
+#include "training/datasets/preprocess_data.h"
+
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace bridge::training::datasets;
+
+constexpr int kExitBadInput = 1;
+constexpr int kExitBadCommandLine = 2;
+
+cxxopts::Options make_options() {
+  cxxopts::Options options("bridge-preprocess-data",
+                           "Tokenizes text or JSON lines into a Megatron indexed dataset (.bin/.idx), one document "
+                           "per JSON line or text paragraph, as Megatron-LM's tools/preprocess_data.py does.");
+  options.custom_help("--input FILE --output-prefix PREFIX [options]");
+  // clang-format off
+  options.add_options()
+      ("input", "input file: JSON lines (one JSON object per line) or, with --input-format text, plain UTF-8 text",
+       cxxopts::value<std::string>(), "FILE")
+      ("input-format", "json: each non-blank line is a JSON object whose --json-keys fields hold a document's text "
+       "(a string, or a list of strings that become the document's sequences); text: each paragraph (lines "
+       "separated by one or more blank lines) is one document, its lines joined by newlines",
+       cxxopts::value<std::string>()->default_value("json"), "json|text")
+      ("output-prefix", "path prefix of the output: writes PREFIX_KEY_document.bin and .idx for each JSON key (KEY "
+       "is 'text' for --input-format text); the folder must exist", cxxopts::value<std::string>(), "PREFIX")
+      ("json-keys", "comma-separated JSON fields to tokenize, one dataset each", 
+       cxxopts::value<std::vector<std::string>>()->default_value("text"), "KEYS")
+      ("tokenizer-type", "ByteLevel: one id per UTF-8 byte, EOD 256, vocab 257, no files; GPT2BPETokenizer: GPT-2's "
+       "byte-level BPE from --vocab-file and --merge-file (EOD <|endoftext|>, 50256 in the released files)",
+       cxxopts::value<std::string>()->default_value("ByteLevel"), "TYPE")
+      ("vocab-file", "GPT-2 vocabulary (vocab.json / encoder.json: token -> id), for GPT2BPETokenizer",
+       cxxopts::value<std::string>(), "FILE")
+      ("merge-file", "GPT-2 merges (merges.txt / vocab.bpe: one 'a b' pair per line), for GPT2BPETokenizer",
+       cxxopts::value<std::string>(), "FILE")
+      ("append-eod", "append the tokenizer's end-of-document id to every non-empty document, so GPT samples that "
+       "span documents see where one ends")
+      ("log-interval", "report progress every this many documents (0: never)",
+       cxxopts::value<int64_t>()->default_value("10000"), "N")
+      ("workers", "accepted for Megatron command lines; this tool tokenizes on one thread",
+       cxxopts::value<int>()->default_value("1"), "N")
+      ("h,help", "print this help and exit");
+  // clang-format on
+  return options;
+}
+
+std::string help_text(cxxopts::Options& options) {
+  return options.help() + R"(
+Output:
+  Tokens are stored as uint16 when the vocabulary has fewer than 65500 ids, else int32 (Megatron's optimal_dtype).
+  Each document is one sequence (a JSON list of strings: one sequence per non-empty string); an empty document is
+  kept as a document without sequences, as Megatron does. Files appear only when complete.
+
+Errors name the input file and line. Examples:
+  bridge-preprocess-data --input corpus.jsonl --output-prefix data/corpus --append-eod
+  bridge-preprocess-data --input book.txt --input-format text --output-prefix data/book --append-eod
+)";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cxxopts::Options options = make_options();
+  PreprocessConfig config;
+  try {
+    const cxxopts::ParseResult args = options.parse(argc, argv);
+    if (args.count("help")) {
+      std::printf("%s", help_text(options).c_str());
+      return 0;
+    }
+    if (!args.unmatched().empty()) {
+      throw std::invalid_argument("unexpected argument '" + args.unmatched().front() + "'");
+    }
+    for (const char* required : {"input", "output-prefix"}) {
+      if (!args.count(required)) throw std::invalid_argument(std::string("--") + required + " is required");
+    }
+    config.input = args["input"].as<std::string>();
+    config.output_prefix = args["output-prefix"].as<std::string>();
+    const std::string format = args["input-format"].as<std::string>();
+    if (format != "json" && format != "text") {
+      throw std::invalid_argument("--input-format must be json or text, got '" + format + "'");
+    }
+    config.input_format = format == "json" ? InputFormat::kJsonLines : InputFormat::kText;
+    config.json_keys = args["json-keys"].as<std::vector<std::string>>();
+    if (config.input_format == InputFormat::kText && args.count("json-keys")) {
+      throw std::invalid_argument("--json-keys applies to --input-format json only");
+    }
+    if (config.json_keys.empty()) throw std::invalid_argument("--json-keys names no field");
+    config.tokenizer_type = args["tokenizer-type"].as<std::string>();
+    if (args.count("vocab-file")) config.vocab_file = args["vocab-file"].as<std::string>();
+    if (args.count("merge-file")) config.merge_file = args["merge-file"].as<std::string>();
+    config.append_eod = args.count("append-eod") > 0;
+    config.log_interval = args["log-interval"].as<int64_t>();
+    if (config.log_interval < 0) throw std::invalid_argument("--log-interval must be >= 0");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bridge-preprocess-data: error: %s\nRun bridge-preprocess-data --help for the options.\n",
+                 e.what());
+    return kExitBadCommandLine;
+  }
+  try {
+    for (const PreprocessedDataset& dataset : preprocess_data(config)) {
+      std::printf("bridge-preprocess-data: wrote %s.bin/.idx: %lld documents, %lld tokens\n",
+                  dataset.path_prefix.c_str(), static_cast<long long>(dataset.documents),
+                  static_cast<long long>(dataset.tokens));
+    }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "bridge-preprocess-data: error: %s\n", e.what());
+    return kExitBadCommandLine;  // the tokenizer type or its files' flags
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bridge-preprocess-data: error: %s\n", e.what());
+    return kExitBadInput;
+  }
+  return 0;
+}

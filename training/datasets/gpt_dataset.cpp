@@ -1,0 +1,470 @@
+// Megatron's GPTDataset indices, their cache, and the train/valid/test builder.
+#include "training/datasets/gpt_dataset.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include "training/config.h"
+#include "training/datasets/md5.h"
+#include "training/datasets/npy.h"
+#include "training/datasets/numpy_random_state.h"
+#include "utils/logging.h"
+
+namespace bridge::training::datasets {
+namespace {
+
+constexpr int64_t kExtraToken = 1;  // Megatron's add_extra_token_to_sequence: the label after the last input
+
+int64_t tokens_in(const IndexedDataset& dataset, SequenceRange range) {
+  int64_t tokens = 0;
+  for (int64_t i = range.begin; i < range.end; ++i) tokens += dataset.sequence_lengths()[static_cast<std::size_t>(i)];
+  return tokens;
+}
+
+// Megatron's _get_num_epochs: the fewest epochs holding num_samples samples plus the extra token.
+int64_t num_epochs_for(int64_t num_samples, int64_t seq_length, int64_t tokens_per_epoch) {
+  const int64_t requested = num_samples * seq_length + kExtraToken;
+  return std::max<int64_t>(1, (requested + tokens_per_epoch - 1) / tokens_per_epoch);
+}
+
+// The MD5 of the sequence lengths, which with the config determine the indices: a dataset rebuilt with different
+// documents gets new cache files instead of stale ones.
+std::string lengths_digest(const IndexedDataset& dataset) {
+  const auto& lengths = dataset.sequence_lengths();
+  return md5_hex(std::string_view(reinterpret_cast<const char*>(lengths.data()), lengths.size() * sizeof(int32_t)));
+}
+
+std::string default_cache_dir(const std::string& path_prefix) {
+  const std::filesystem::path folder = std::filesystem::path(path_prefix).parent_path();
+  return (folder / "cache" / "GPTDataset_indices").string();
+}
+
+}  // namespace
+
+std::string split_name(Split split) {
+  switch (split) {
+    case Split::kTrain:
+      return "train";
+    case Split::kValid:
+      return "valid";
+    case Split::kTest:
+      return "test";
+  }
+  return "unknown";
+}
+
+std::vector<double> parse_split(const std::string& split) {
+  // Megatron: re.findall(r"[.0-9]+", split), padded with zeros to three parts, normalised by their sum.
+  std::vector<double> parts;
+  for (std::size_t i = 0; i < split.size();) {
+    const auto is_part = [&](std::size_t k) { return split[k] == '.' || (split[k] >= '0' && split[k] <= '9'); };
+    if (!is_part(i)) {
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    while (end < split.size() && is_part(end)) ++end;
+    const std::string text = split.substr(i, end - i);
+    char* parsed = nullptr;
+    const double value = std::strtod(text.c_str(), &parsed);
+    if (parsed != text.c_str() + text.size()) {
+      throw std::invalid_argument("dataset.split \"" + split + "\": \"" + text + "\" is not a number");
+    }
+    parts.push_back(value);
+    i = end;
+  }
+  if (split.find('-') != std::string::npos) {
+    throw std::invalid_argument("dataset.split \"" + split + "\" must not hold negative proportions");
+  }
+  if (parts.empty() || parts.size() > 3) {
+    throw std::invalid_argument("dataset.split \"" + split +
+                                "\" must hold one to three train/valid/test proportions, like \"969,30,1\"");
+  }
+  parts.resize(3, 0.0);
+  const double sum = parts[0] + parts[1] + parts[2];
+  if (!(sum > 0.0) || !std::isfinite(sum)) {
+    throw std::invalid_argument("dataset.split \"" + split + "\" must have a positive sum, like \"969,30,1\"");
+  }
+  for (double& part : parts) part /= sum;
+  return parts;
+}
+
+std::array<SequenceRange, 3> split_ranges(const std::vector<double>& proportions, int64_t num_sequences) {
+  if (proportions.size() != 3) throw std::invalid_argument("split_ranges: expected three proportions");
+  // Megatron's convert_split_vector_to_split_matrix sums left to right, then int(round(bound * float(N))); Python's
+  // round goes half to even, which std::nearbyint does in the default rounding mode.
+  std::array<SequenceRange, 3> ranges;
+  double cumulative = 0.0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double begin = cumulative;
+    cumulative += proportions[i];
+    if (begin == cumulative) continue;  // a zero proportion: Megatron's split matrix holds None, no dataset
+    ranges[i].begin = static_cast<int64_t>(std::nearbyint(begin * static_cast<double>(num_sequences)));
+    ranges[i].end = static_cast<int64_t>(std::nearbyint(cumulative * static_cast<double>(num_sequences)));
+  }
+  return ranges;
+}
+
+IndexedGPTDataset::IndexedGPTDataset(std::shared_ptr<const IndexedDataset> dataset, Split split, SequenceRange range,
+                                     int64_t num_samples, GPTDatasetConfig config)
+    : dataset_(std::move(dataset)),
+      split_(split),
+      range_(range),
+      num_samples_(num_samples),
+      config_(std::move(config)) {
+  if (!dataset_) throw std::invalid_argument("IndexedGPTDataset: no indexed dataset");
+  const std::string where = "the " + split_name(split_) + " split of " + dataset_->path_prefix();
+  if (config_.seq_length < 1) {
+    throw std::invalid_argument("IndexedGPTDataset: seq_length must be >= 1 (model.seq_length), got " +
+                                std::to_string(config_.seq_length));
+  }
+  if (num_samples_ < 0) throw std::invalid_argument("IndexedGPTDataset: num_samples must be >= 0 for " + where);
+  if (range_.begin < 0 || range_.end > dataset_->size() || range_.begin > range_.end) {
+    throw std::invalid_argument("IndexedGPTDataset: sequences [" + std::to_string(range_.begin) + ", " +
+                                std::to_string(range_.end) + ") are not inside the " +
+                                std::to_string(dataset_->size()) + " sequences of " + dataset_->path_prefix());
+  }
+  if (range_.end > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("IndexedGPTDataset: " + dataset_->path_prefix() +
+                                " has more sequences than Megatron's int32 document index holds");
+  }
+  if (config_.random_seed > 0xFFFFFFFFULL) {
+    throw std::invalid_argument("rng.seed " + std::to_string(config_.random_seed) +
+                                " is not in [0, 2^32), which Megatron's sample shuffling (NumPy's RandomState) needs");
+  }
+  const int64_t tokens_per_epoch = tokens_in(*dataset_, range_);
+  if (tokens_per_epoch < 2) {
+    throw std::invalid_argument("IndexedGPTDataset: " + where + " holds " + std::to_string(range_.size()) +
+                                " sequences with " + std::to_string(tokens_per_epoch) +
+                                " tokens, but a sample needs at least 2; give more data or change dataset.split");
+  }
+  const int64_t seq = config_.seq_length;
+  num_epochs_ = num_epochs_for(num_samples_, seq, tokens_per_epoch);
+
+  // Megatron's separate final epoch: when the last epoch would be used less than 80%, its documents are shuffled on
+  // their own (and its samples too), so the partial epoch does not take documents from the earlier ones.
+  bool separate_final_epoch = false;
+  int64_t samples_sans_final_epoch = 0;
+  if (num_epochs_ > 1) {
+    samples_sans_final_epoch = ((num_epochs_ - 1) * tokens_per_epoch - kExtraToken) / seq;
+    const int64_t samples_from_final_epoch = num_samples_ - samples_sans_final_epoch;
+    const int64_t samples_per_epoch = (tokens_per_epoch - kExtraToken) / seq;
+    if (samples_from_final_epoch < 0 || samples_from_final_epoch > samples_per_epoch + 1) {
+      throw std::logic_error("IndexedGPTDataset: inconsistent epoch arithmetic for " + where);
+    }
+    separate_final_epoch =
+        samples_from_final_epoch < static_cast<int64_t>(0.80 * static_cast<double>(samples_per_epoch));
+  }
+
+  nlohmann::ordered_json description;
+  description["class"] = "GPTDataset";
+  description["dataset_path"] = dataset_->path_prefix();
+  description["num_samples"] = num_samples_;
+  description["index_split"] = split_name(split_);
+  description["indices"] = {range_.begin, range_.end};
+  description["random_seed"] = config_.random_seed;
+  description["sequence_length"] = seq;
+  description["split"] = config_.split;
+  description["add_extra_token_to_sequence"] = true;
+  description["sequence_lengths_md5"] = lengths_digest(*dataset_);
+  description_ = description.dump(4);
+
+  if (config_.use_cache) {
+    const std::string dir =
+        config_.path_to_cache.empty() ? default_cache_dir(dataset_->path_prefix()) : config_.path_to_cache;
+    cache_path_prefix_ =
+        (std::filesystem::path(dir) / (md5_hex(description_) + "-GPTDataset-" + split_name(split_) + "-")).string();
+    if (load_cache()) {
+      loaded_from_cache_ = true;
+      bridge::utils::logger().info("loaded the GPTDataset {} indices from {}*: {} samples, {} epochs",
+                                   split_name(split_), cache_path_prefix_, size(), num_epochs_);
+      return;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  build_indices(tokens_per_epoch, separate_final_epoch, samples_sans_final_epoch);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  bridge::utils::logger().info("built the GPTDataset {} indices of {}: {} samples, {} epochs{}, {:.3f} s",
+                               split_name(split_), dataset_->path_prefix(), size(), num_epochs_,
+                               separate_final_epoch ? " (final epoch separate)" : "", seconds);
+  if (size() == 0) {
+    throw std::invalid_argument("IndexedGPTDataset: " + where + " holds " + std::to_string(tokens_per_epoch) +
+                                " tokens, too few for one sample of seq_length + 1 = " + std::to_string(seq + 1) +
+                                " tokens, and no samples were requested to repeat it; ask for num_samples >= 1");
+  }
+  if (config_.use_cache) save_cache();
+}
+
+void IndexedGPTDataset::build_indices(int64_t tokens_per_epoch, bool separate_final_epoch,
+                                      int64_t samples_sans_final_epoch) {
+  // One RandomState stream, in Megatron's order: the document index (all epochs, or the first e-1 then the last),
+  // then the shuffle index (the same split).
+  NumpyRandomState random(config_.random_seed);
+  const auto tiled = [&](int64_t epochs) {
+    std::vector<int64_t> index;
+    index.reserve(static_cast<std::size_t>(epochs * range_.size()));
+    for (int64_t e = 0; e < epochs; ++e) {
+      for (int64_t i = range_.begin; i < range_.end; ++i) index.push_back(i);
+    }
+    random.shuffle(index);
+    return index;
+  };
+  if (separate_final_epoch) {
+    document_index_ = tiled(num_epochs_ - 1);
+    const std::vector<int64_t> last = tiled(1);
+    document_index_.insert(document_index_.end(), last.begin(), last.end());
+  } else {
+    document_index_ = tiled(num_epochs_);
+  }
+
+  // helpers.cpp build_sample_idx: each sample consumes seq_length + 1 tokens across documents and the next one
+  // starts on its last token.
+  const int64_t seq = config_.seq_length;
+  const int64_t samples = (num_epochs_ * tokens_per_epoch - kExtraToken) / seq;
+  const auto& lengths = dataset_->sequence_lengths();
+  sample_index_.assign(static_cast<std::size_t>(2 * (samples + 1)), 0);
+  int64_t position = 0, offset = 0;
+  for (int64_t s = 1; s <= samples; ++s) {
+    int64_t remaining = seq + kExtraToken;
+    while (remaining != 0) {
+      const int64_t length =
+          lengths[static_cast<std::size_t>(document_index_[static_cast<std::size_t>(position)])] - offset;
+      remaining -= length;
+      if (remaining <= 0) {
+        offset += remaining + length - kExtraToken;
+        remaining = 0;
+      } else {
+        if (position + 1 == static_cast<int64_t>(document_index_.size())) {
+          throw std::logic_error("IndexedGPTDataset: ran out of documents building the sample index");
+        }
+        ++position;
+        offset = 0;
+      }
+    }
+    sample_index_[static_cast<std::size_t>(2 * s)] = position;
+    sample_index_[static_cast<std::size_t>(2 * s + 1)] = offset;
+  }
+
+  const auto arange = [](int64_t begin, int64_t end) {
+    std::vector<int64_t> values(static_cast<std::size_t>(end - begin));
+    for (int64_t i = begin; i < end; ++i) values[static_cast<std::size_t>(i - begin)] = i;
+    return values;
+  };
+  const int64_t first = separate_final_epoch ? samples_sans_final_epoch : samples;
+  shuffle_index_ = arange(0, first);
+  random.shuffle(shuffle_index_);
+  if (first != samples) {
+    std::vector<int64_t> last = arange(first, samples);
+    random.shuffle(last);
+    shuffle_index_.insert(shuffle_index_.end(), last.begin(), last.end());
+  }
+}
+
+torch::Tensor IndexedGPTDataset::sample(int64_t index) const {
+  if (index < 0 || index >= size()) {
+    throw std::out_of_range("IndexedGPTDataset::sample: index " + std::to_string(index) + " is not in [0, " +
+                            std::to_string(size()) + ")");
+  }
+  const auto at = [](const std::vector<int64_t>& values, int64_t i) { return values[static_cast<std::size_t>(i)]; };
+  const int64_t j = at(shuffle_index_, index);
+  const int64_t d0 = at(sample_index_, 2 * j), o0 = at(sample_index_, 2 * j + 1);
+  const int64_t d1 = at(sample_index_, 2 * j + 2), o1 = at(sample_index_, 2 * j + 3);
+  const int64_t total = config_.seq_length + kExtraToken;
+  torch::Tensor tokens = torch::empty({total}, torch::kLong);
+  int64_t* out = tokens.data_ptr<int64_t>();
+  int64_t filled = 0;
+  const auto take = [&](int64_t position, int64_t offset, int64_t length) {
+    if (filled + length > total) {
+      throw std::runtime_error("IndexedGPTDataset: sample " + std::to_string(index) + " of " + dataset_->path_prefix() +
+                               " overflows seq_length + 1 tokens; the index cache " + cache_path_prefix_ +
+                               "* is inconsistent, delete it");
+    }
+    filled += dataset_->read(at(document_index_, position), offset, length, out + filled);
+  };
+  if (d0 == d1) {
+    take(d0, o0, o1 - o0 + kExtraToken);
+  } else {
+    const auto& lengths = dataset_->sequence_lengths();
+    take(d0, o0, lengths[static_cast<std::size_t>(at(document_index_, d0))] - o0);
+    for (int64_t d = d0 + 1; d < d1; ++d) take(d, 0, lengths[static_cast<std::size_t>(at(document_index_, d))]);
+    take(d1, 0, o1 + kExtraToken);
+  }
+  if (filled != total) {
+    throw std::runtime_error("IndexedGPTDataset: sample " + std::to_string(index) + " of " + dataset_->path_prefix() +
+                             " has " + std::to_string(filled) +
+                             " tokens instead of seq_length + 1 = " + std::to_string(total));
+  }
+  if (config_.vocab_size > 0) {
+    for (int64_t i = 0; i < total; ++i) {
+      if (out[i] < 0 || out[i] >= config_.vocab_size) {
+        throw std::runtime_error("IndexedGPTDataset: " + dataset_->path_prefix() + " holds token id " +
+                                 std::to_string(out[i]) + ", which is not below model.vocab_size (" +
+                                 std::to_string(config_.vocab_size) +
+                                 "); set model.vocab_size to at least the tokenizer's vocabulary size");
+      }
+    }
+  }
+  return tokens;
+}
+
+bool IndexedGPTDataset::load_cache() {
+  const std::string description_path = cache_path_prefix_ + "description.txt";
+  const std::array<std::string, 3> paths = {cache_path_prefix_ + "document_index.npy",
+                                            cache_path_prefix_ + "sample_index.npy",
+                                            cache_path_prefix_ + "shuffle_index.npy"};
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(description_path, error)) return false;
+  for (const auto& path : paths) {
+    if (!std::filesystem::is_regular_file(path, error)) return false;
+  }
+  const auto reject = [&](const std::string& why) {
+    bridge::utils::logger().warn("the cached GPTDataset {} indices {}* are unusable ({}); rebuilding them",
+                                 split_name(split_), cache_path_prefix_, why);
+    document_index_.clear();
+    sample_index_.clear();
+    shuffle_index_.clear();
+    return false;
+  };
+  try {
+    std::ifstream in(description_path, std::ios::binary);
+    const std::string cached((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cached != description_) return reject(description_path + " describes another dataset");
+
+    NpyArray document = load_npy(paths[0]);
+    NpyArray samples = load_npy(paths[1]);
+    NpyArray shuffle = load_npy(paths[2]);
+    // The indices must be exactly what this description builds: shapes from the epoch arithmetic, every value in
+    // range, so a damaged cache cannot make sample() read outside the dataset.
+    const int64_t expected_documents = num_epochs_ * range_.size();
+    const int64_t expected_samples = (num_epochs_ * tokens_in(*dataset_, range_) - kExtraToken) / config_.seq_length;
+    if (document.shape != std::vector<int64_t>{expected_documents}) return reject(paths[0] + " has the wrong shape");
+    if (samples.shape != std::vector<int64_t>{expected_samples + 1, 2})
+      return reject(paths[1] + " has the wrong shape");
+    if (shuffle.shape != std::vector<int64_t>{expected_samples}) return reject(paths[2] + " has the wrong shape");
+    for (const int64_t d : document.values) {
+      if (d < range_.begin || d >= range_.end) return reject(paths[0] + " holds a sequence outside the split");
+    }
+    const auto& lengths = dataset_->sequence_lengths();
+    for (int64_t s = 0; s <= expected_samples; ++s) {
+      const int64_t position = samples.values[static_cast<std::size_t>(2 * s)];
+      const int64_t offset = samples.values[static_cast<std::size_t>(2 * s + 1)];
+      if (position < 0 || position >= expected_documents || offset < 0 ||
+          offset >= std::max<int64_t>(
+                        1, lengths[static_cast<std::size_t>(document.values[static_cast<std::size_t>(position)])])) {
+        return reject(paths[1] + " row " + std::to_string(s) + " points outside the documents");
+      }
+      if (s > 0) {
+        const int64_t previous = samples.values[static_cast<std::size_t>(2 * s - 2)];
+        const int64_t previous_offset = samples.values[static_cast<std::size_t>(2 * s - 1)];
+        if (position < previous || (position == previous && offset <= previous_offset)) {
+          return reject(paths[1] + " is not increasing at row " + std::to_string(s));
+        }
+      }
+    }
+    for (const int64_t s : shuffle.values) {
+      if (s < 0 || s >= expected_samples) return reject(paths[2] + " holds a sample outside the index");
+    }
+    document_index_ = std::move(document.values);
+    sample_index_ = std::move(samples.values);
+    shuffle_index_ = std::move(shuffle.values);
+    return true;
+  } catch (const std::exception& e) {
+    return reject(e.what());
+  }
+}
+
+void IndexedGPTDataset::save_cache() const {
+  const std::filesystem::path dir = std::filesystem::path(cache_path_prefix_).parent_path();
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    throw std::runtime_error("IndexedGPTDataset: cannot create the index cache folder " + dir.string() + ": " +
+                             error.message() + "; set dataset.path_to_cache to a writable folder");
+  }
+  // Megatron's dtypes: int32 document index; int32 sample index unless its values may not fit; uint32 shuffle index
+  // unless the sample count reaches 2^32 - 2.
+  int64_t max_length = 0;
+  for (const int32_t length : dataset_->sequence_lengths()) max_length = std::max<int64_t>(max_length, length);
+  const int64_t sample_max = std::max<int64_t>(static_cast<int64_t>(document_index_.size()), max_length);
+  const NpyType sample_type = sample_max <= std::numeric_limits<int32_t>::max() ? NpyType::kInt32 : NpyType::kInt64;
+  const NpyType shuffle_type =
+      size() >= static_cast<int64_t>(std::numeric_limits<uint32_t>::max()) - 1 ? NpyType::kInt64 : NpyType::kUInt32;
+
+  // Every rank may build the same dataset at once; each file is written to a temporary name and renamed, so a
+  // reader sees a whole file, and the description (which marks the set complete) comes last.
+  save_npy(cache_path_prefix_ + "document_index.npy", NpyType::kInt32, {static_cast<int64_t>(document_index_.size())},
+           document_index_);
+  save_npy(cache_path_prefix_ + "sample_index.npy", sample_type, {size() + 1, 2}, sample_index_);
+  save_npy(cache_path_prefix_ + "shuffle_index.npy", shuffle_type, {size()}, shuffle_index_);
+  write_file_atomically(cache_path_prefix_ + "description.txt", description_);
+}
+
+std::array<int64_t, 3> train_valid_test_num_samples(const ConfigContainer& config) {
+  const TrainingConfig& t = config.train;
+  const int64_t evaluations = t.eval_interval > 0 ? t.train_iters / t.eval_interval + 1 : 1;
+  return {t.train_iters * t.global_batch_size, evaluations * t.eval_iters * t.global_batch_size,
+          t.eval_iters * t.global_batch_size};
+}
+
+training::GPTDatasets build_gpt_datasets(const ConfigContainer& config) {
+  const std::vector<std::string>& paths = config.dataset.data_path;
+  // Megatron's --data-path is "prefix" or "weight prefix weight prefix ..."; one dataset, weighted or not, is
+  // supported.
+  std::string prefix;
+  const auto is_number = [](const std::string& text) {
+    char* end = nullptr;
+    std::strtod(text.c_str(), &end);
+    return !text.empty() && end == text.c_str() + text.size();
+  };
+  if (paths.size() == 1) {
+    prefix = paths[0];
+  } else if (paths.size() == 2 && is_number(paths[0])) {
+    prefix = paths[1];
+  } else {
+    throw std::invalid_argument(
+        "dataset.data_path names " + std::to_string(paths.size()) +
+        " entries, but bridge reads one indexed dataset (a .bin/.idx prefix, optionally after a weight); blending "
+        "several is not supported: merge them into one dataset (preprocess all the text together)");
+  }
+  if (prefix.size() > 4 && (prefix.substr(prefix.size() - 4) == ".bin" || prefix.substr(prefix.size() - 4) == ".idx")) {
+    prefix.resize(prefix.size() - 4);  // a file name instead of the prefix is an easy slip
+  }
+  auto indexed = std::make_shared<const IndexedDataset>(prefix);
+  const std::array<SequenceRange, 3> ranges = split_ranges(parse_split(config.dataset.split), indexed->size());
+  const std::array<int64_t, 3> num_samples = train_valid_test_num_samples(config);
+
+  GPTDatasetConfig dataset_config;
+  dataset_config.seq_length = config.model.seq_length;
+  dataset_config.random_seed = config.rng.seed;
+  dataset_config.path_to_cache = config.dataset.path_to_cache;
+  dataset_config.vocab_size = config.model.vocab_size;
+  dataset_config.split = config.dataset.split;
+
+  std::array<std::shared_ptr<const training::GPTDataset>, 3> built;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto split = static_cast<Split>(i);
+    const double proportion = parse_split(config.dataset.split)[i];
+    if (num_samples[i] == 0 || proportion == 0.0) continue;
+    if (ranges[i].size() == 0) {
+      throw std::invalid_argument("dataset.split \"" + config.dataset.split + "\" gives the " + split_name(split) +
+                                  " split none of the " + std::to_string(indexed->size()) + " sequences of " + prefix +
+                                  ", but " + std::to_string(num_samples[i]) +
+                                  " samples are needed from it; give it a larger share, more documents, or set its "
+                                  "proportion to 0 (no " +
+                                  split_name(split) + " data)");
+    }
+    built[i] = std::make_shared<IndexedGPTDataset>(indexed, split, ranges[i], num_samples[i], dataset_config);
+  }
+  return {built[0], built[1], built[2]};
+}
+
+}  // namespace bridge::training::datasets

@@ -1,0 +1,49 @@
+// Text to Megatron indexed datasets, the work behind bridge-preprocess-data (Megatron-LM's tools/preprocess_data.py):
+// JSON lines (one document per line, from chosen fields) or text paragraphs, tokenized and written with
+// IndexedDatasetBuilder as <output_prefix>_<key>_document.bin/.idx.
+//
+//   PreprocessConfig config;
+//   config.input = "corpus.jsonl";
+//   config.output_prefix = "data/corpus";
+//   config.append_eod = true;
+//   preprocess_data(config);  // data/corpus_text_document.bin/.idx
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bridge::training::datasets {
+
+enum class InputFormat {
+  kJsonLines,  ///< each non-blank line a JSON object; each json_keys field a string or a list of strings
+  kText,       ///< each paragraph (lines between blank lines) one document, its lines joined by '\n'
+};
+
+struct PreprocessConfig {
+  std::string input;
+  InputFormat input_format = InputFormat::kJsonLines;
+  /// Outputs are <output_prefix>_<key>_document.bin/.idx, key "text" for text input.
+  std::string output_prefix;
+  std::vector<std::string> json_keys{"text"};
+  std::string tokenizer_type = "ByteLevel";  ///< see build_tokenizer
+  std::string vocab_file, merge_file;
+  /// Append the tokenizer's EOD to every non-empty document.
+  bool append_eod = false;
+  /// Report progress on stderr every this many documents; 0 = never.
+  int64_t log_interval = 0;
+};
+
+/// What one output dataset received.
+struct PreprocessedDataset {
+  std::string path_prefix;
+  int64_t documents = 0;
+  int64_t tokens = 0;
+};
+
+/// Tokenizes `config.input` into one dataset per key. Bad input throws std::runtime_error starting with
+/// "<input>:<line>: "; a bad tokenizer choice throws std::invalid_argument. Nothing is written unless all of the
+/// input is good (the builders' files appear only at the end).
+std::vector<PreprocessedDataset> preprocess_data(const PreprocessConfig& config);
+
+}  // namespace bridge::training::datasets
