@@ -3,5 +3,6 @@
 
 #include "bridge/models/gpt_model.h"
 #include "training/callbacks.h"
+#include "training/config_yaml.h"
 #include "training/optimizer_param_scheduler.h"
 #include "training/pretrain.h"

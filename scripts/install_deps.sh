@@ -15,6 +15,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # mpirun launch and the MPI rank/address bootstrap
   libspdlog-dev         # rank-aware logging
   libcxxopts-dev        # command-line parsing
+  libyaml-cpp-dev       # bridge-pretrain's YAML recipes and --print-config
   libgtest-dev libgmock-dev   # unit tests
   libbenchmark-dev      # micro-benchmarks
   nlohmann-json3-dev    # JSON Lines metric writer (header-only)

@@ -118,7 +118,9 @@ TEST(ReportMemory, CpuResidentSetFromTheOs) {
   const double before = value(report_memory(), "mem-resident-gigabytes");
   std::vector<char> block(300'000'000, 1);
   const double after = value(report_memory(), "mem-resident-gigabytes");
-  EXPECT_NEAR(after - before, 0.3, 0.05) << static_cast<int>(block[12345]);
+  // (ASan's shadow memory adds an eighth.)
+  EXPECT_GE(after - before, 0.28) << static_cast<int>(block[12345]);
+  EXPECT_LE(after - before, 0.42);
 }
 
 TEST(ReportMemory, KeysSelectAndRename) {

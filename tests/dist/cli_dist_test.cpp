@@ -1,0 +1,190 @@
+// bridge-pretrain end to end, as users run it: a few steps alone (the log lines and a summary whose numbers match
+// them), four ranks under mpirun with tp=2 pp=2 from overrides, two ranks under torchrun, config errors (exit 2,
+// printed once, naming the key or file:line), a runtime failure (exit 1), --print-config output that loads back, and
+// --help listing every key. Each run uses a tiny model and a private cache folder for the embedded corpus.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/dist/spawn.h"
+#include "training/config_yaml.h"
+#include "utils/net.h"
+
+namespace bridge::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr const char* kPretrain = BRIDGE_PRETRAIN;
+const fs::path kSourceDir = BRIDGE_SOURCE_DIR;
+constexpr std::chrono::seconds kDeadline(240);
+
+// A tiny model for a few steps: seconds per run on a loaded machine.
+const std::vector<std::string> kQuick = {
+    "model.num_layers=2",        "model.hidden_size=32", "model.seq_length=32",         "train.micro_batch_size=2",
+    "train.global_batch_size=4", "train.train_iters=3",  "train.eval_interval=0",       "train.eval_iters=1",
+    "logging.log_interval=1",    "train.num_threads=1",  "scheduler.lr_warmup_iters=0", "parallelism.timeout=2min"};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache_ = fs::temp_directory_path() / ("bridge_cli_" + std::to_string(::getpid()));
+    fs::remove_all(cache_);
+    fs::create_directories(cache_);
+  }
+  void TearDown() override { fs::remove_all(cache_); }
+
+  std::map<std::string, std::string> env() const { return {{"XDG_CACHE_HOME", cache_.string()}}; }
+
+  RankResult run(std::vector<std::string> args, std::vector<std::string> launcher = {}) const {
+    std::vector<std::string> argv = std::move(launcher);
+    argv.push_back(kPretrain);
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_command(argv, kDeadline, env());
+  }
+
+  static std::vector<std::string> quick(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = kQuick;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  fs::path cache_;
+};
+
+int count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The "lm loss: 5.612345E+00" values of the training log lines, in order.
+std::vector<double> logged_losses(const std::string& output) {
+  std::vector<double> losses;
+  const std::regex pattern("iteration +[0-9]+/ +[0-9]+ .*? lm loss: ([-+0-9.eE]+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    losses.push_back(std::stod((*it)[1]));
+  }
+  return losses;
+}
+
+TEST_F(Cli, AloneTrainsAFewStepsAndEndsWithASummaryOfThem) {
+  const RankResult result = run(quick());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::vector<double> losses = logged_losses(result.output);
+  ASSERT_EQ(losses.size(), 3u) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("tp=1 pp=1 dp=1 | 3 steps of 4 x 32 tokens"));
+  EXPECT_THAT(result.output, HasSubstr("data: " + (cache_ / "bridge" / "tiny_fables_v1_text_document").string()));
+  EXPECT_TRUE(fs::exists(cache_ / "bridge" / "tiny_fables_v1_text_document.idx"));
+  EXPECT_THAT(result.output, HasSubstr("validation loss at the end of training"));
+
+  // The summary reports the last logged loss, the first one, and the validation loss.
+  EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("steps:           3 of 3"));
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(result.output, match,
+                                std::regex("train lm loss: +([0-9.]+) \\(step 3; ([0-9.]+) at step 1\\)")))
+      << result.output;
+  EXPECT_NEAR(std::stod(match[1]), losses.back(), 1e-4);
+  EXPECT_NEAR(std::stod(match[2]), losses.front(), 1e-4);
+  EXPECT_GT(losses.front(), 4.5);  // about ln(257) from random weights
+  EXPECT_THAT(result.output, AllOf(HasSubstr("valid lm loss:"), HasSubstr("wall time:"), HasSubstr("tokens/s")));
+
+  // A second run finds the corpus already prepared and trains the same (deterministic) losses.
+  const RankResult again = run(quick());
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(logged_losses(again.output), losses);
+}
+
+TEST_F(Cli, MpirunFourRanksWithTensorAndPipelineParallelOverrides) {
+  const RankResult result =
+      run(quick({"parallelism.tensor_model_parallel_size=2", "parallelism.pipeline_model_parallel_size=2"}),
+          {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "XDG_CACHE_HOME"});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count(result.output, "tp=2 pp=2 dp=1"), 1) << result.output;  // announced by rank 0 only
+  EXPECT_EQ(logged_losses(result.output).size(), 3u) << result.output;
+  EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;  // the last rank's summary
+  EXPECT_THAT(result.output, HasSubstr("steps:           3 of 3"));
+}
+
+TEST_F(Cli, TorchrunTwoDataParallelRanks) {
+  const RankResult result =
+      run(quick(), {"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
+                    "--master_addr=127.0.0.1", "--master_port=" + std::to_string(utils::find_free_port())});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count(result.output, "tp=1 pp=1 dp=2"), 1) << result.output;
+  EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;
+}
+
+TEST_F(Cli, ConfigErrorsExitTwoNamingTheKeyOnce) {
+  const RankResult typo = run({"train.global_bach_size=8"});
+  EXPECT_EQ(typo.exit_code, 2) << typo.output;
+  EXPECT_THAT(typo.output, AllOf(HasSubstr("unknown config key 'train.global_bach_size'"),
+                                 HasSubstr("did you mean 'train.global_batch_size'?")));
+
+  const fs::path recipe = cache_ / "bad.yaml";
+  std::ofstream(recipe) << "model:\n  num_layers: 2\ntrain:\n  train_iters: many\n";
+  const RankResult wrong_type = run({"--config", recipe.string()});
+  EXPECT_EQ(wrong_type.exit_code, 2) << wrong_type.output;
+  EXPECT_THAT(wrong_type.output, HasSubstr(recipe.string() + ":4:16: train.train_iters must be an int, got 'many'"));
+
+  const RankResult invalid = run({"train.global_batch_size=6"});  // not a multiple of micro_batch_size 4
+  EXPECT_EQ(invalid.exit_code, 2) << invalid.output;
+  EXPECT_THAT(invalid.output, HasSubstr("train.global_batch_size (6)"));
+
+  const RankResult unknown_option = run({"--confg", "x.yaml"});
+  EXPECT_EQ(unknown_option.exit_code, 2) << unknown_option.output;
+  EXPECT_THAT(unknown_option.output, HasSubstr("confg"));
+
+  // Every rank finds the same error; only rank 0 prints it.
+  const RankResult two_ranks =
+      run({"model.num_layerz=2"}, {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"});
+  EXPECT_NE(two_ranks.exit_code, 0) << two_ranks.output;
+  EXPECT_EQ(count(two_ranks.output, "unknown config key 'model.num_layerz'"), 1) << two_ranks.output;
+}
+
+TEST_F(Cli, RuntimeFailureExitsOne) {
+  const RankResult result = run(quick({"dataset.data_path=[/nonexistent/corpus_text_document]"}));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("training failed"), HasSubstr("/nonexistent/corpus_text_document")));
+}
+
+TEST_F(Cli, PrintConfigLoadsBackAndTheEmbeddedRecipeIsTheFile) {
+  const RankResult printed = run({"--print-config", "train.train_iters=42", "dataset.data_path=[a, b c]"});
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  const training::ConfigContainer config = training::load_config_yaml_string(printed.output, "--print-config");
+  EXPECT_EQ(config.train.train_iters, 42);
+  EXPECT_EQ(config.dataset.data_path, (std::vector<std::string>{"a", "b c"}));
+  const training::ConfigContainer tiny = training::load_config_yaml(kSourceDir / "examples/recipes/tiny.yaml");
+  EXPECT_EQ(config.model.num_layers, tiny.model.num_layers);
+  EXPECT_EQ(config.train.global_batch_size, tiny.train.global_batch_size);
+
+  const RankResult embedded = run({"--print-config"});
+  const RankResult from_file =
+      run({"--config", (kSourceDir / "examples/recipes/tiny.yaml").string(), "--print-config"});
+  ASSERT_EQ(embedded.exit_code, 0) << embedded.output;
+  EXPECT_EQ(embedded.output, from_file.output);
+  EXPECT_EQ(embedded.output, training::to_yaml(tiny));
+}
+
+TEST_F(Cli, HelpListsEveryConfigKey) {
+  const RankResult help = run({"--help"});
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_THAT(help.output, AllOf(HasSubstr("--config"), HasSubstr("--print-config"), HasSubstr("KEY=VALUE"),
+                                 HasSubstr("torchrun"), HasSubstr("mpirun"), HasSubstr("builtin:tiny_fables")));
+  for (const training::ConfigKeyInfo& key : training::config_keys()) {
+    EXPECT_THAT(help.output, HasSubstr("  " + key.key + " (" + key.type)) << key.key;
+  }
+}
+
+}  // namespace
+}  // namespace bridge::testing

@@ -1,0 +1,396 @@
+// YAML configs and overrides: parsing over the defaults, every value type, the errors users meet (unknown keys with a
+// suggestion, wrong types, bad YAML with its line), the round trip through to_yaml, the key reference, the shipped
+// recipes, and a check that the key table covers every field the config headers declare.
+#include "training/config_yaml.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace bridge::training {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const fs::path kSourceDir = BRIDGE_SOURCE_DIR;
+
+// The message of the ConfigError that `fn` throws ("" and a test failure if it throws none).
+template <class Fn>
+std::string config_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no ConfigError thrown";
+  return "";
+}
+
+std::string override_error(const std::string& assignment) {
+  return config_error([&] {
+    ConfigContainer config;
+    apply_override(config, assignment);
+  });
+}
+
+TEST(ConfigYaml, NestedSectionsAndDottedKeysApplyOverTheDefaults) {
+  const ConfigContainer config = load_config_yaml_string(R"(
+model:
+  num_layers: 6
+  hidden_dropout: 0.0
+train.global_batch_size: 32
+optimizer: {lr: 3.0e-4, optimizer: sgd}
+dataset:
+  data_path: [/data/a_text_document, "/data/b c_text_document"]
+parallelism:
+  virtual_pipeline_model_parallel_size: 2
+  timeout: 90s
+checkpoint:   # every key commented out
+)");
+  const ConfigContainer defaults;
+  EXPECT_EQ(config.model.num_layers, 6);
+  EXPECT_EQ(config.model.hidden_dropout, 0.0);
+  EXPECT_EQ(config.train.global_batch_size, 32);
+  EXPECT_EQ(config.optimizer.lr, 3e-4);
+  EXPECT_EQ(config.optimizer.optimizer, "sgd");
+  EXPECT_EQ(config.dataset.data_path, (std::vector<std::string>{"/data/a_text_document", "/data/b c_text_document"}));
+  EXPECT_EQ(config.parallelism.virtual_pipeline_model_parallel_size, 2);
+  EXPECT_EQ(config.parallelism.timeout, std::chrono::seconds(90));
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(config.model.hidden_size, defaults.model.hidden_size);
+  EXPECT_EQ(config.train.micro_batch_size, defaults.train.micro_batch_size);
+  EXPECT_EQ(config.checkpoint.save, defaults.checkpoint.save);
+  EXPECT_EQ(config.rng.seed, defaults.rng.seed);
+}
+
+TEST(ConfigYaml, EmptyTextGivesTheDefaults) {
+  EXPECT_EQ(to_yaml(load_config_yaml_string("")), to_yaml(ConfigContainer{}));
+  EXPECT_EQ(to_yaml(load_config_yaml_string("# only a comment\n")), to_yaml(ConfigContainer{}));
+}
+
+TEST(ConfigYaml, OverridesSetEveryKindOfValue) {
+  ConfigContainer config;
+  apply_override(config, "train.train_iters=500");
+  apply_override(config, "optimizer.lr=-1.5e-3");  // validate() rejects it later; the type is right
+  apply_override(config, "model.share_embeddings_and_output_weights=false");
+  apply_override(config, "ddp.overlap_grad_reduce=no");
+  apply_override(config, "dataset.data_path=[a, b]");
+  apply_override(config, "checkpoint.save=/tmp/run 1");
+  apply_override(config, "parallelism.virtual_pipeline_model_parallel_size=4");
+  apply_override(config, "parallelism.microbatch_group_size_per_vp_stage=8");
+  apply_override(config, "parallelism.timeout=1.5min");
+  apply_override(config, "parallelism.backend=NCCL");
+  apply_override(config, "rng.seed=18446744073709551615");
+  apply_override(config, "model={num_layers: 3, hidden_size: 48}");  // a section as a whole
+  EXPECT_EQ(config.train.train_iters, 500);
+  EXPECT_EQ(config.optimizer.lr, -1.5e-3);
+  EXPECT_FALSE(config.model.share_embeddings_and_output_weights);
+  EXPECT_FALSE(config.ddp.overlap_grad_reduce);
+  EXPECT_EQ(config.dataset.data_path, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(config.checkpoint.save, "/tmp/run 1");
+  EXPECT_EQ(config.parallelism.virtual_pipeline_model_parallel_size, 4);
+  EXPECT_EQ(config.parallelism.microbatch_group_size_per_vp_stage, 8);
+  EXPECT_EQ(config.parallelism.timeout, std::chrono::seconds(90));
+  EXPECT_EQ(config.parallelism.backend, parallel::Backend::kNccl);
+  EXPECT_EQ(config.rng.seed, 18446744073709551615ULL);
+  EXPECT_EQ(config.model.num_layers, 3);
+  EXPECT_EQ(config.model.hidden_size, 48);
+
+  // Later overrides win; null unsets optionals and clears strings and lists; one item needs no brackets.
+  apply_override(config, "train.train_iters=7");
+  apply_override(config, "parallelism.virtual_pipeline_model_parallel_size=null");
+  apply_override(config, "parallelism.microbatch_group_size_per_vp_stage=");
+  apply_override(config, "checkpoint.save=~");
+  apply_override(config, "dataset.data_path=/data/only_text_document");
+  EXPECT_EQ(config.train.train_iters, 7);
+  EXPECT_EQ(config.parallelism.virtual_pipeline_model_parallel_size, std::nullopt);
+  EXPECT_EQ(config.parallelism.microbatch_group_size_per_vp_stage, std::nullopt);
+  EXPECT_EQ(config.checkpoint.save, "");
+  EXPECT_EQ(config.dataset.data_path, std::vector<std::string>{"/data/only_text_document"});
+  apply_override(config, "dataset.data_path=[]");
+  EXPECT_TRUE(config.dataset.data_path.empty());
+}
+
+TEST(ConfigYaml, DurationsTakeAUnit) {
+  ConfigContainer config;
+  for (const auto& [text, ms] : std::map<std::string, int64_t>{
+           {"250ms", 250}, {"30s", 30'000}, {"10min", 600'000}, {"10m", 600'000}, {"2h", 7'200'000}}) {
+    apply_override(config, "parallelism.timeout=" + text);
+    EXPECT_EQ(config.parallelism.timeout.count(), ms) << text;
+  }
+  EXPECT_THAT(override_error("parallelism.timeout=600"),
+              AllOf(HasSubstr("parallelism.timeout must be a duration with a unit"), HasSubstr("'600'")));
+  EXPECT_THAT(override_error("parallelism.timeout=5 days"), HasSubstr("'5 days'"));
+}
+
+TEST(ConfigYaml, UnknownKeysNameTheKeyAndSuggestTheClosest) {
+  // A typo in the key.
+  EXPECT_THAT(override_error("train.global_bach_size=8"),
+              AllOf(HasSubstr("unknown config key 'train.global_bach_size'"),
+                    HasSubstr("did you mean 'train.global_batch_size'?")));
+  // The right name without its section, or in the wrong one.
+  EXPECT_THAT(override_error("global_batch_size=8"), HasSubstr("did you mean 'train.global_batch_size'?"));
+  EXPECT_THAT(override_error("model.train_iters=8"), HasSubstr("did you mean 'train.train_iters'?"));
+  // A typo in the section.
+  EXPECT_THAT(override_error("trian.train_iters=8"), HasSubstr("did you mean 'train.train_iters'?"));
+  // Nothing close: the section's keys, or the sections.
+  EXPECT_THAT(override_error("rng.zzzzzzzz=1"), HasSubstr("the keys of 'rng' are rng.seed"));
+  EXPECT_THAT(override_error("zzzzzzzz.qqqqqq=1"), HasSubstr("the sections are model, train, optimizer"));
+
+  // In YAML, with file, line and column.
+  const std::string yaml_error =
+      config_error([] { load_config_yaml_string("model:\n  num_layers: 2\n  hiden_size: 64\n", "recipe.yaml"); });
+  EXPECT_THAT(yaml_error, AllOf(HasSubstr("recipe.yaml:3:3"), HasSubstr("'model.hiden_size'"),
+                                HasSubstr("did you mean 'model.hidden_size'?")));
+}
+
+TEST(ConfigYaml, WrongTypesNameTheKeyTheTypeAndTheValue) {
+  EXPECT_THAT(override_error("train.train_iters=abc"),
+              AllOf(HasSubstr("train.train_iters must be an int, got 'abc'"), HasSubstr("override")));
+  EXPECT_THAT(override_error("train.train_iters=1.5"), HasSubstr("must be an int, got '1.5'"));
+  EXPECT_THAT(override_error("parallelism.tensor_model_parallel_size=3000000000"),
+              HasSubstr("must be an int, got '3000000000'"));  // beyond int
+  EXPECT_THAT(override_error("rng.seed=-1"), HasSubstr("rng.seed must be an unsigned int, got '-1'"));
+  EXPECT_THAT(override_error("optimizer.lr=fast"), HasSubstr("optimizer.lr must be a float, got 'fast'"));
+  EXPECT_THAT(override_error("train.skip_train=maybe"), HasSubstr("train.skip_train must be a bool, got 'maybe'"));
+  EXPECT_THAT(override_error("train.train_iters=[1, 2]"), HasSubstr("must be an int, got a list"));
+  EXPECT_THAT(override_error("dataset.data_path=[[a]]"), HasSubstr("must be a list of strings, got a list"));
+  EXPECT_THAT(override_error("dataset.split={a: 1}"), HasSubstr("must be a string, got a mapping"));
+  EXPECT_THAT(override_error("parallelism.virtual_pipeline_model_parallel_size=two"),
+              HasSubstr("must be an int or null, got 'two'"));
+  EXPECT_THAT(override_error("parallelism.backend=mpi"), HasSubstr("must be a gloo or nccl, got 'mpi'"));
+  EXPECT_THAT(override_error("train=5"), HasSubstr("'train' is a section, not a value"));
+  EXPECT_THAT(override_error("train.train_iters"), HasSubstr("an override is key=value"));
+
+  const std::string yaml_error =
+      config_error([] { load_config_yaml_string("train:\n  micro_batch_size: 2\n  train_iters: ten\n", "r.yaml"); });
+  EXPECT_THAT(yaml_error, AllOf(HasSubstr("r.yaml:3:16"), HasSubstr("train.train_iters must be an int, got 'ten'")));
+}
+
+TEST(ConfigYaml, BadYamlGivesFileAndLine) {
+  EXPECT_THAT(config_error([] { load_config_yaml_string("model:\n  num_layers: 2\n  hidden_size: [64\n", "a.yaml"); }),
+              AllOf(HasSubstr("a.yaml:4"), HasSubstr("bad YAML")));
+  EXPECT_THAT(config_error([] { load_config_yaml_string("train:\n  eval_iters: 1\n   x: : 2\n", "b.yaml"); }),
+              AllOf(HasSubstr("b.yaml:3"), HasSubstr("bad YAML")));
+  EXPECT_THAT(config_error([] { load_config_yaml_string("- a\n- b\n", "c.yaml"); }),
+              HasSubstr("c.yaml:1:1: the top level must be a mapping of sections"));
+  EXPECT_THAT(config_error([] { load_config_yaml_string("train:\n  train_iters: 1\n  train_iters: 2\n", "d.yaml"); }),
+              HasSubstr("d.yaml:3:3: train.train_iters is set twice"));
+  EXPECT_THAT(override_error("train.train_iters=[1,"), AllOf(HasSubstr("override"), HasSubstr("bad YAML")));
+  EXPECT_THAT(config_error([] { load_config_yaml("/nonexistent/recipe.yaml"); }),
+              HasSubstr("cannot read the config file '/nonexistent/recipe.yaml'"));
+}
+
+TEST(ConfigYaml, ToYamlRoundTripsEveryType) {
+  ConfigContainer config;
+  config.model.num_layers = 7;
+  config.model.layernorm_epsilon = 1.0 / 3.0;  // needs all 17 digits
+  config.model.init_method_std = 0.1 + 0.2;
+  config.model.init_seed = 18446744073709551615ULL;
+  config.model.share_embeddings_and_output_weights = false;
+  config.train.eval_interval = -3;
+  config.optimizer.adam_eps = 1e-300;
+  config.optimizer.optimizer = "sgd";
+  config.parallelism.virtual_pipeline_model_parallel_size = 3;
+  config.parallelism.backend = parallel::Backend::kNccl;
+  config.parallelism.timeout = std::chrono::milliseconds(90'001);
+  config.dataset.data_path = {"a b", "yes", "null", "", "#x", "1e3", "[x]", "key: value", "line\nbreak"};
+  config.dataset.split = "true";
+  config.checkpoint.save = "~";
+  config.logging.runtime_time_unit = "'quoted'";
+
+  const std::string yaml = to_yaml(config);
+  const ConfigContainer loaded = load_config_yaml_string(yaml, "<to_yaml>");
+  EXPECT_EQ(to_yaml(loaded), yaml);
+  EXPECT_EQ(loaded.model.num_layers, 7);
+  EXPECT_EQ(loaded.model.layernorm_epsilon, 1.0 / 3.0);
+  EXPECT_EQ(loaded.model.init_method_std, 0.1 + 0.2);
+  EXPECT_EQ(loaded.model.init_seed, 18446744073709551615ULL);
+  EXPECT_FALSE(loaded.model.share_embeddings_and_output_weights);
+  EXPECT_EQ(loaded.train.eval_interval, -3);
+  EXPECT_EQ(loaded.optimizer.adam_eps, 1e-300);
+  EXPECT_EQ(loaded.optimizer.optimizer, "sgd");
+  EXPECT_EQ(loaded.parallelism.virtual_pipeline_model_parallel_size, 3);
+  EXPECT_EQ(loaded.parallelism.microbatch_group_size_per_vp_stage, std::nullopt);
+  EXPECT_EQ(loaded.parallelism.backend, parallel::Backend::kNccl);
+  EXPECT_EQ(loaded.parallelism.timeout.count(), 90'001);
+  EXPECT_EQ(loaded.dataset.data_path, config.dataset.data_path);
+  EXPECT_EQ(loaded.dataset.split, "true");
+  EXPECT_EQ(loaded.checkpoint.save, "~");
+  EXPECT_EQ(loaded.logging.runtime_time_unit, "'quoted'");
+  // The defaults round-trip too.
+  EXPECT_EQ(to_yaml(load_config_yaml_string(to_yaml(ConfigContainer{}))), to_yaml(ConfigContainer{}));
+}
+
+TEST(ConfigYaml, EveryKeyAppearsInToYamlAndInTheHelp) {
+  const std::vector<ConfigKeyInfo> keys = config_keys();
+  const std::string help = config_help();
+  std::set<std::string> unique;
+  for (const ConfigKeyInfo& info : keys) {
+    EXPECT_TRUE(unique.insert(info.key).second) << "duplicate key " << info.key;
+    EXPECT_FALSE(info.doc.empty()) << info.key;
+    EXPECT_THAT(help, HasSubstr("  " + info.key + " (" + info.type + ", default ")) << info.key;
+  }
+  // to_yaml writes one "leaf:" line per key, under its section.
+  std::istringstream lines(to_yaml(ConfigContainer{}));
+  std::string line, section;
+  std::set<std::string> emitted;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] != ' ') {
+      section = line.substr(0, line.find(':'));
+    } else {
+      emitted.insert(section + "." + line.substr(2, line.find(':') - 2));
+    }
+  }
+  EXPECT_EQ(emitted, unique);
+  // The help shows the defaults.
+  EXPECT_THAT(help, HasSubstr("  train.micro_batch_size (int, default 1)"));
+  EXPECT_THAT(help, HasSubstr("  parallelism.timeout (duration, default 10min)"));
+  EXPECT_THAT(help, HasSubstr("  parallelism.virtual_pipeline_model_parallel_size (int or null, default null)"));
+}
+
+// ---- The key table against the headers ----
+
+// The data members declared in `struct name { ... }` of `text`, as (type, name), skipping member functions.
+std::vector<std::pair<std::string, std::string>> declared_members(const std::string& text, const std::string& name) {
+  const std::regex opening("struct\\s+" + name + "\\s*\\{");
+  std::smatch match;
+  if (!std::regex_search(text, match, opening)) return {};
+  // The body, with comments and nested {...} (inline function bodies, brace initialisers) replaced by ';'.
+  std::string body;
+  int depth = 1;
+  for (std::size_t i = match.position(0) + match.length(0); i < text.size() && depth > 0; ++i) {
+    if (text.compare(i, 2, "//") == 0) {
+      i = text.find('\n', i);
+      body += '\n';
+      continue;
+    }
+    if (text[i] == '{') {
+      if (depth++ == 1) body += ';';
+    } else if (text[i] == '}') {
+      --depth;
+    } else if (depth == 1) {
+      body += text[i];
+    }
+  }
+  // Template arguments hold parentheses and commas that are not the declaration's.
+  std::string flat;
+  int angle = 0;
+  for (char c : body) {
+    if (c == '<') ++angle;
+    if (angle == 0) flat += (c == '\n' ? ' ' : c);
+    if (c == '>') --angle;
+  }
+  std::vector<std::pair<std::string, std::string>> members;
+  std::istringstream statements(flat);
+  std::string statement;
+  const std::regex first(
+      "^\\s*(?:public:|private:)?\\s*([A-Za-z_][\\w:]*(?:\\s+[A-Za-z_][\\w:]*)*?)\\s+([A-Za-z_]\\w*)$");
+  while (std::getline(statements, statement, ';')) {
+    const std::size_t equals = statement.find('=');
+    const std::size_t paren = statement.find('(');
+    if (paren != std::string::npos && (equals == std::string::npos || paren < equals)) continue;  // a function
+    std::istringstream declarators(statement);
+    std::string declarator, type;
+    bool is_first = true;
+    while (std::getline(declarators, declarator, ',')) {
+      std::string head = declarator.substr(0, declarator.find('='));
+      head.erase(head.find_last_not_of(" \t") + 1);
+      std::smatch parts;
+      if (is_first) {
+        if (!std::regex_match(head, parts, first)) break;
+        type = parts[1];
+        members.emplace_back(type, parts[2]);
+        is_first = false;
+      } else if (std::regex_match(head, parts, std::regex("^\\s*([A-Za-z_]\\w*)$"))) {
+        members.emplace_back(type, parts[1]);
+      }
+    }
+  }
+  return members;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream file(path);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+TEST(ConfigYaml, TheKeyTableCoversEveryFieldOfTheConfigHeaders) {
+  // Where the section structs live; a section type defined elsewhere fails below, naming it.
+  std::string headers;
+  for (const char* header : {"training/config.h", "bridge/models/gpt_config.h", "training/optimizer.h",
+                             "parallel/distributed/distributed_data_parallel.h"}) {
+    headers += read_file(kSourceDir / header);
+  }
+  const std::set<std::string> not_settable = {"dataset.provider"};  // code, not data
+
+  const auto sections = declared_members(headers, "ConfigContainer");
+  ASSERT_GE(sections.size(), 10u) << "could not read ConfigContainer's members from training/config.h";
+  std::set<std::string> declared;
+  for (const auto& [type, section] : sections) {
+    const std::string struct_name = type.substr(type.rfind(':') == std::string::npos ? 0 : type.rfind(':') + 1);
+    const auto members = declared_members(headers, struct_name);
+    ASSERT_FALSE(members.empty()) << "struct " << struct_name << " (ConfigContainer::" << section
+                                  << ") not found; add its header to this test";
+    for (const auto& [member_type, member] : members) {
+      if (!not_settable.count(section + "." + member)) declared.insert(section + "." + member);
+    }
+  }
+  std::set<std::string> table;
+  for (const ConfigKeyInfo& info : config_keys()) table.insert(info.key);
+  for (const std::string& key : declared) {
+    EXPECT_TRUE(table.count(key)) << key
+                                  << " is declared in the config headers but missing from the key table in "
+                                     "training/config_yaml.cpp (add a field(...) row)";
+  }
+  for (const std::string& key : table) EXPECT_TRUE(declared.count(key)) << key << " is in the table only";
+  // The parser sees multi-declarator lines, wrapped initialisers and optionals.
+  EXPECT_TRUE(declared.count("optimizer.adam_eps"));
+  EXPECT_TRUE(declared.count("ddp.average_in_collective"));
+  EXPECT_TRUE(declared.count("parallelism.virtual_pipeline_model_parallel_size"));
+  EXPECT_FALSE(declared.count("model.ffn_size"));  // a member function
+}
+
+// ---- The shipped recipes ----
+
+TEST(ConfigYaml, EveryRecipeLoadsAndValidatesForItsWorldSize) {
+  const std::map<std::string, std::vector<int>> world_sizes = {
+      {"tiny.yaml", {1, 2}}, {"tp2_pp2.yaml", {4}}, {"gpt2_124m.yaml", {1, 8}}};
+  std::set<std::string> found;
+  for (const auto& entry : fs::directory_iterator(kSourceDir / "examples" / "recipes")) {
+    const std::string name = entry.path().filename().string();
+    found.insert(name);
+    ASSERT_TRUE(world_sizes.count(name)) << name << ": add it with its intended world sizes to this test";
+    const ConfigContainer config = load_config_yaml(entry.path());
+    for (int world_size : world_sizes.at(name)) {
+      EXPECT_NO_THROW(config.validate(world_size)) << name << " at world size " << world_size;
+    }
+  }
+  EXPECT_EQ(found.size(), world_sizes.size());
+
+  const ConfigContainer gpt2 = load_config_yaml(kSourceDir / "examples/recipes/gpt2_124m.yaml");
+  EXPECT_EQ(gpt2.model.num_layers, 12);
+  EXPECT_EQ(gpt2.model.hidden_size, 768);
+  EXPECT_EQ(gpt2.model.num_attention_heads, 12);
+  EXPECT_EQ(gpt2.model.seq_length, 1024);
+  EXPECT_EQ(gpt2.model.vocab_size, 50257);
+  const ConfigContainer tp2_pp2 = load_config_yaml(kSourceDir / "examples/recipes/tp2_pp2.yaml");
+  EXPECT_EQ(tp2_pp2.parallelism.tensor_model_parallel_size, 2);
+  EXPECT_EQ(tp2_pp2.parallelism.pipeline_model_parallel_size, 2);
+  EXPECT_THROW(tp2_pp2.validate(2), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace bridge::training

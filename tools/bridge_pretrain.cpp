@@ -1,0 +1,245 @@
+// bridge-pretrain: GPT pretraining from a YAML recipe and key=value overrides, with no code. The same command runs
+// alone, under torchrun and under mpirun; with no --config it trains the embedded tiny recipe on the embedded corpus.
+//
+//   bridge-pretrain                                            # the tiny recipe, about a minute on 2 CPU cores
+//   bridge-pretrain --config recipe.yaml train.train_iters=500 optimizer.lr=3e-4
+//   mpirun -np 4 bridge-pretrain --config examples/recipes/tp2_pp2.yaml
+//   bridge-pretrain --config recipe.yaml --print-config        # the resolved config, as YAML
+//
+// Exit status: 0 done, 1 training failed, 2 bad command line or config (printed once, by rank 0).
+#include <chrono>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bridge/bridge.h"
+#include "parallel/launch_env.h"
+#include "parallel/parallel_state.h"
+#include "tools/tiny_corpus.h"
+#include "tools/tiny_recipe.h"
+#include "training/config_yaml.h"
+#include "utils/strings.h"
+
+namespace {
+
+using namespace bridge;
+using namespace bridge::training;
+
+constexpr int kExitTrainingFailed = 1;
+constexpr int kExitBadConfig = 2;
+
+cxxopts::Options make_options() {
+  cxxopts::Options options("bridge-pretrain", "Megatron-style GPT pretraining from a YAML recipe.");
+  options.custom_help("[--config RECIPE.yaml] [KEY=VALUE ...] [--print-config]");
+  options.add_options()("c,config",
+                        "YAML recipe to start from (keys it leaves out keep the defaults listed below); without it, "
+                        "the embedded tiny recipe (examples/recipes/tiny.yaml)",
+                        cxxopts::value<std::string>(), "RECIPE.yaml")(
+      "print-config", "print the resolved config as YAML (loadable with --config) and exit")(
+      "h,help", "print this help, with every config key, and exit");
+  return options;
+}
+
+std::string help_text(cxxopts::Options& options) {
+  std::string text = options.help();
+  text += R"(
+Overrides:
+  KEY=VALUE sets one config key after the recipe, left to right, in the style of Megatron-Bridge recipes:
+    bridge-pretrain train.train_iters=500 optimizer.lr=3e-4 'model={num_layers: 6, hidden_size: 256}'
+  Values are YAML: 5, 3e-4, true, [a, b] (lists), null (unset an optional key), 10min (durations), text;
+  quote what the shell would split or expand.
+
+Data:
+  dataset.data_path lists Megatron .bin/.idx path prefixes (bridge-preprocess-data writes them from text or JSON
+  lines; Megatron-LM's tools/preprocess_data.py output works as is). builtin:tiny_fables is the embedded corpus of
+  generated fables, written once to $XDG_CACHE_HOME/bridge (else ~/.cache/bridge). An empty list trains on random
+  tokens.
+
+Launching (no change to the command):
+  torchrun --nproc_per_node=4 bridge-pretrain --config examples/recipes/tp2_pp2.yaml
+  mpirun -np 4 bridge-pretrain --config examples/recipes/tp2_pp2.yaml
+  The world size must be a multiple of tp x pp; the rest is data parallel.
+
+Exit status: 0 done, 1 training failed, 2 bad command line or config.
+
+Config keys (type, default when a recipe leaves the key out):
+)";
+  return text + config_help();
+}
+
+// The config the command line describes: the recipe (or the embedded one), then the overrides in order.
+ConfigContainer resolve_config(const cxxopts::ParseResult& args) {
+  ConfigContainer config = args.count("config") ? load_config_yaml(args["config"].as<std::string>())
+                                                : load_config_yaml_string(tools::kTinyRecipeYaml, "<tiny recipe>");
+  for (const std::string& argument : args.unmatched()) {
+    if (argument.find('=') == std::string::npos) {
+      throw ConfigError("unexpected argument '" + argument +
+                        "': overrides are KEY=VALUE (e.g. train.train_iters=100); see --help");
+    }
+    apply_override(config, argument);
+  }
+  return config;
+}
+
+// Checks that every builtin:NAME in dataset.data_path names a shipped corpus (before anything is written).
+void check_builtin_data(const ConfigContainer& config) {
+  const std::string builtin = tools::kBuiltinPrefix;
+  for (const std::string& path : config.dataset.data_path) {
+    if (path.rfind(builtin, 0) == 0 && path != builtin + tools::kTinyCorpusName) {
+      throw ConfigError("dataset.data_path: unknown builtin corpus '" + path + "'; the one shipped is " + builtin +
+                        tools::kTinyCorpusName);
+    }
+  }
+}
+
+// Replaces builtin:NAME entries by the prepared dataset's prefix.
+void prepare_builtin_data(ConfigContainer& config) {
+  for (std::string& path : config.dataset.data_path) {
+    if (path.rfind(tools::kBuiltinPrefix, 0) == 0) path = tools::prepare_tiny_corpus(tools::default_data_dir());
+  }
+}
+
+// Parameters of the whole model from its shape (Megatron's formula): the embeddings, per layer attention, MLP and two
+// LayerNorms, and the final LayerNorm; the output layer when it is not tied.
+int64_t num_parameters(const models::GPTConfig& m, int tensor_parallel_size) {
+  const int64_t multiple = m.make_vocab_size_divisible_by * tensor_parallel_size;
+  const int64_t vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
+  const int64_t h = m.hidden_size, f = m.ffn_size();
+  const int64_t per_layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h;
+  const int64_t output = m.share_embeddings_and_output_weights ? 0 : vocab * h;
+  return vocab * h + m.seq_length * h + m.num_layers * per_layer + 2 * h + output;
+}
+
+// What the last rank (which holds the losses) reports at the end.
+struct RunSummary {
+  std::chrono::steady_clock::time_point train_start, train_end;
+  std::optional<std::pair<int64_t, double>> first_loss, last_loss;  // (step, lm loss)
+  std::optional<double> valid_loss, test_loss;
+  int64_t steps = 0;
+  int64_t consumed_samples = 0;
+};
+
+std::optional<double> lm_loss(const LossDict& losses) {
+  const auto it = losses.find("lm loss");
+  if (it == losses.end()) return std::nullopt;
+  return it->second.item<double>();
+}
+
+std::shared_ptr<CallbackManager> make_callbacks(const ConfigContainer& config, RunSummary& summary) {
+  auto callbacks = std::make_shared<CallbackManager>();
+  callbacks->register_callback(
+      Event::kTrainStart,
+      [&config](CallbackContext&) {
+        const std::string data = config.dataset.data_path.empty() ? std::string("mock data (random tokens)")
+                                                                  : utils::join(config.dataset.data_path, ", ");
+        std::printf(
+            "bridge-pretrain: GPT of %lld layers, hidden %lld, ~%.2fM parameters | tp=%d pp=%d dp=%d | %lld steps of "
+            "%lld x %lld tokens | data: %s\n",
+            static_cast<long long>(config.model.num_layers), static_cast<long long>(config.model.hidden_size),
+            static_cast<double>(num_parameters(config.model, config.parallelism.tensor_model_parallel_size)) / 1e6,
+            parallel::get_tensor_model_parallel_world_size(), parallel::get_pipeline_model_parallel_world_size(),
+            parallel::get_data_parallel_world_size(), static_cast<long long>(config.train.train_iters),
+            static_cast<long long>(config.train.global_batch_size), static_cast<long long>(config.model.seq_length),
+            data.c_str());
+      },
+      "announce", RankFilter::kFirst);
+  callbacks->register_callback(
+      Event::kTrainStart, [&summary](CallbackContext&) { summary.train_start = std::chrono::steady_clock::now(); },
+      "summary_start", RankFilter::kLast);
+  callbacks->register_callback(
+      Event::kTrainStepEnd,
+      [&summary](CallbackContext& ctx) {
+        const std::optional<double> loss = lm_loss(*ctx.loss_dict);
+        if (!loss) return;
+        const std::pair<int64_t, double> record{ctx.state.train_state.step + 1, *loss};
+        if (!summary.first_loss) summary.first_loss = record;
+        summary.last_loss = record;
+      },
+      "summary_loss", RankFilter::kLast);
+  callbacks->register_callback(
+      Event::kEvalEnd, [&summary](CallbackContext& ctx) { summary.valid_loss = lm_loss(*ctx.total_loss_dict); },
+      "summary_valid", RankFilter::kLast);
+  callbacks->register_callback(
+      Event::kTestEnd, [&summary](CallbackContext& ctx) { summary.test_loss = lm_loss(*ctx.total_loss_dict); },
+      "summary_test", RankFilter::kLast);
+  callbacks->register_callback(
+      Event::kTrainEnd,
+      [&summary](CallbackContext& ctx) {
+        summary.train_end = std::chrono::steady_clock::now();
+        summary.steps = ctx.state.train_state.step;
+        summary.consumed_samples = ctx.state.train_state.consumed_train_samples;
+      },
+      "summary_end", RankFilter::kLast);
+  return callbacks;
+}
+
+void print_summary(const ConfigContainer& config, const RunSummary& summary, double wall_seconds) {
+  const double train_seconds = std::chrono::duration<double>(summary.train_end - summary.train_start).count();
+  const double tokens = static_cast<double>(summary.consumed_samples) * static_cast<double>(config.model.seq_length);
+  std::string text = "bridge-pretrain: done\n";
+  text +=
+      "  steps:           " + std::to_string(summary.steps) + " of " + std::to_string(config.train.train_iters) + "\n";
+  char line[256];
+  if (summary.last_loss) {
+    std::snprintf(line, sizeof(line), "  train lm loss:   %.4f (step %lld; %.4f at step %lld)\n",
+                  summary.last_loss->second, static_cast<long long>(summary.last_loss->first),
+                  summary.first_loss->second, static_cast<long long>(summary.first_loss->first));
+    text += line;
+  }
+  if (summary.valid_loss) {
+    std::snprintf(line, sizeof(line), "  valid lm loss:   %.4f\n", *summary.valid_loss);
+    text += line;
+  }
+  if (summary.test_loss) {
+    std::snprintf(line, sizeof(line), "  test lm loss:    %.4f\n", *summary.test_loss);
+    text += line;
+  }
+  std::snprintf(line, sizeof(line), "  wall time:       %.1f s (training %.1f s)\n  throughput:      %.0f tokens/s\n",
+                wall_seconds, train_seconds, train_seconds > 0 ? tokens / train_seconds : 0.0);
+  text += line;
+  std::fputs(text.c_str(), stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto start = std::chrono::steady_clock::now();
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines from several ranks interleave whole
+  parallel::LaunchEnv env;
+  ConfigContainer config;
+  try {
+    // The launcher's rank, read before anything else, so config errors (the same on every rank) print once.
+    env = parallel::detect_launch_env();
+    cxxopts::Options options = make_options();
+    const cxxopts::ParseResult args = options.parse(argc, argv);
+    if (args.count("help")) {
+      if (env.rank == 0) std::fputs(help_text(options).c_str(), stdout);
+      return 0;
+    }
+    config = resolve_config(args);
+    if (args.count("print-config")) {
+      if (env.rank == 0) std::fputs(to_yaml(config).c_str(), stdout);
+      return 0;
+    }
+    check_builtin_data(config);
+    config.validate(env.world_size);
+  } catch (const std::exception& error) {  // cxxopts errors, ConfigError, validate()'s invalid_argument
+    if (env.rank == 0) std::fprintf(stderr, "bridge-pretrain: error: %s\n", error.what());
+    return kExitBadConfig;
+  }
+
+  try {
+    prepare_builtin_data(config);
+    RunSummary summary;
+    pretrain(config, gpt_forward_step, make_callbacks(config, summary));
+    if (env.rank == env.world_size - 1) {
+      print_summary(config, summary, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return 0;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "bridge-pretrain: rank %d: training failed: %s\n", env.rank, error.what());
+    return kExitTrainingFailed;
+  }
+}

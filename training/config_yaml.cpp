@@ -1,0 +1,609 @@
+// The key table behind YAML recipes, overrides, --print-config and the key reference: each row binds a dotted key
+// to a ConfigContainer member through member pointers, with a codec per C++ type that parses a YAML node and emits
+// the value back, so every path reads and writes the same fields the same way.
+#include "training/config_yaml.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include "utils/closest_match.h"
+#include "utils/strings.h"
+
+namespace bridge::training {
+namespace {
+
+using std::chrono::milliseconds;
+
+// ---- Codecs: one per C++ type; parse returns nullopt when the node is not of the type. ----
+
+std::string_view trim(std::string_view text) {
+  const auto begin = text.find_first_not_of(" \t\r\n");
+  if (begin == std::string_view::npos) return {};
+  return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
+}
+
+std::string lower(std::string_view text) {
+  std::string result(text);
+  std::transform(result.begin(), result.end(), result.begin(), [](unsigned char c) { return std::tolower(c); });
+  return result;
+}
+
+// A plain (unquoted) YAML null: `key:`, `key: null`, `key: ~`. A quoted "null" is the string.
+bool is_null(const YAML::Node& node) { return !node.IsDefined() || node.IsNull(); }
+
+template <class Number>
+std::optional<Number> parse_number(const YAML::Node& node) {
+  if (!node.IsScalar()) return std::nullopt;
+  std::string_view text = trim(node.Scalar());
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  Number value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+template <class T>
+struct Codec;
+
+template <>
+struct Codec<int64_t> {
+  static std::string type() { return "int"; }
+  static std::optional<int64_t> parse(const YAML::Node& node) { return parse_number<int64_t>(node); }
+  static void emit(YAML::Emitter& out, int64_t value) { out << std::to_string(value); }
+};
+
+template <>
+struct Codec<int> {
+  static std::string type() { return "int"; }
+  static std::optional<int> parse(const YAML::Node& node) { return parse_number<int>(node); }
+  static void emit(YAML::Emitter& out, int value) { out << std::to_string(value); }
+};
+
+template <>
+struct Codec<uint64_t> {
+  static std::string type() { return "unsigned int"; }
+  static std::optional<uint64_t> parse(const YAML::Node& node) { return parse_number<uint64_t>(node); }
+  static void emit(YAML::Emitter& out, uint64_t value) { out << std::to_string(value); }
+};
+
+template <>
+struct Codec<double> {
+  static std::string type() { return "float"; }
+  static std::optional<double> parse(const YAML::Node& node) { return parse_number<double>(node); }
+  static void emit(YAML::Emitter& out, double value) {
+    char text[32];
+    // The shortest text that reads back as the same double, so to_yaml round-trips exactly.
+    const auto result = std::to_chars(text, text + sizeof(text), value);
+    out << std::string(text, result.ptr);
+  }
+};
+
+template <>
+struct Codec<bool> {
+  static std::string type() { return "bool"; }
+  static std::optional<bool> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string text = lower(trim(node.Scalar()));
+    if (text == "true" || text == "yes" || text == "on") return true;
+    if (text == "false" || text == "no" || text == "off") return false;
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, bool value) { out << (value ? "true" : "false"); }
+};
+
+template <>
+struct Codec<std::string> {
+  static std::string type() { return "string"; }
+  static std::optional<std::string> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::string();  // `save:` or `save: null` clears the field
+    if (!node.IsScalar()) return std::nullopt;
+    return node.Scalar();
+  }
+  static void emit(YAML::Emitter& out, const std::string& value) { out << value; }
+};
+
+template <>
+struct Codec<std::vector<std::string>> {
+  static std::string type() { return "list of strings"; }
+  static std::optional<std::vector<std::string>> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::vector<std::string>();
+    if (node.IsScalar()) return std::vector<std::string>{node.Scalar()};  // one item needs no brackets
+    if (!node.IsSequence()) return std::nullopt;
+    std::vector<std::string> items;
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar()) return std::nullopt;
+      items.push_back(item.Scalar());
+    }
+    return items;
+  }
+  static void emit(YAML::Emitter& out, const std::vector<std::string>& value) { out << YAML::Flow << value; }
+};
+
+template <class T>
+struct Codec<std::optional<T>> {
+  static std::string type() { return Codec<T>::type() + " or null"; }
+  static std::optional<std::optional<T>> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::optional<T>();
+    std::optional<T> value = Codec<T>::parse(node);
+    if (!value) return std::nullopt;
+    return value;
+  }
+  static void emit(YAML::Emitter& out, const std::optional<T>& value) {
+    if (value) {
+      Codec<T>::emit(out, *value);
+    } else {
+      out << YAML::Null;
+    }
+  }
+};
+
+struct DurationUnit {
+  std::string_view name;
+  int64_t milliseconds;
+};
+// Largest first: emit() picks the largest unit that divides the value.
+constexpr DurationUnit kDurationUnits[] = {{"h", 3'600'000}, {"min", 60'000}, {"s", 1'000}, {"ms", 1}};
+
+template <>
+struct Codec<milliseconds> {
+  static std::string type() { return "duration"; }
+  static std::optional<milliseconds> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string_view text = trim(node.Scalar());
+    const std::size_t split = text.find_first_not_of("0123456789.");
+    if (split == 0 || split == std::string_view::npos) return std::nullopt;  // a bare number has no unit
+    double amount = 0.0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + split, amount);
+    if (error != std::errc() || end != text.data() + split) return std::nullopt;
+    const std::string unit = lower(trim(text.substr(split)));
+    for (const DurationUnit& candidate : kDurationUnits) {
+      if (unit != candidate.name && !(unit == "m" && candidate.name == "min")) continue;
+      const double ms = amount * static_cast<double>(candidate.milliseconds);
+      if (ms != static_cast<double>(static_cast<int64_t>(ms))) return std::nullopt;  // below a millisecond
+      return milliseconds(static_cast<int64_t>(ms));
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, milliseconds value) {
+    for (const DurationUnit& unit : kDurationUnits) {
+      if (value.count() % unit.milliseconds == 0) {
+        out << std::to_string(value.count() / unit.milliseconds) + std::string(unit.name);
+        return;
+      }
+    }
+  }
+};
+
+constexpr parallel::Backend kBackends[] = {parallel::Backend::kGloo, parallel::Backend::kNccl};
+
+template <>
+struct Codec<parallel::Backend> {
+  static std::string type() {
+    std::vector<std::string_view> names;
+    for (parallel::Backend backend : kBackends) names.push_back(parallel::to_string(backend));
+    return utils::join(names, " or ");
+  }
+  static std::optional<parallel::Backend> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string text = lower(trim(node.Scalar()));
+    for (parallel::Backend backend : kBackends) {
+      if (text == parallel::to_string(backend)) return backend;
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, parallel::Backend value) { out << std::string(parallel::to_string(value)); }
+};
+
+// ---- The table ----
+
+struct Field {
+  std::string key;
+  std::string type;
+  std::string doc;
+  std::function<void(YAML::Emitter&, const ConfigContainer&)> emit;
+  /// false when the node is not of the field's type (the config is then unchanged).
+  std::function<bool(ConfigContainer&, const YAML::Node&)> parse;
+};
+
+template <class Section, class T>
+Field field(std::string key, Section ConfigContainer::*section, T Section::*member, std::string doc) {
+  return Field{std::move(key), Codec<T>::type(), std::move(doc),
+               [section, member](YAML::Emitter& out, const ConfigContainer& config) {
+                 Codec<T>::emit(out, (config.*section).*member);
+               },
+               [section, member](ConfigContainer& config, const YAML::Node& node) {
+                 std::optional<T> value = Codec<T>::parse(node);
+                 if (!value) return false;
+                 (config.*section).*member = std::move(*value);
+                 return true;
+               }};
+}
+
+using C = ConfigContainer;
+using models::GPTConfig;
+using parallel::distributed::DistributedDataParallelConfig;
+
+// Every user-settable field of ConfigContainer, in the order of config.h. A field added there belongs here too
+// (config_yaml_test compares this table with the members declared in the headers).
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      field("model.num_layers", &C::model, &GPTConfig::num_layers, "Transformer layers."),
+      field("model.hidden_size", &C::model, &GPTConfig::hidden_size, "Width of the residual stream."),
+      field("model.num_attention_heads", &C::model, &GPTConfig::num_attention_heads,
+            "Attention heads; divides model.hidden_size and parallelism.tensor_model_parallel_size divides it."),
+      field("model.ffn_hidden_size", &C::model, &GPTConfig::ffn_hidden_size, "MLP width; 0 = 4 x model.hidden_size."),
+      field("model.vocab_size", &C::model, &GPTConfig::vocab_size,
+            "Tokenizer vocabulary (257 for the byte-level tokenizer with its end-of-document token, 50257 for GPT-2)."),
+      field("model.make_vocab_size_divisible_by", &C::model, &GPTConfig::make_vocab_size_divisible_by,
+            "The embedding is padded to a multiple of this x the tensor-parallel size."),
+      field("model.seq_length", &C::model, &GPTConfig::seq_length, "Tokens per sample (and positions embedded)."),
+      field("model.hidden_dropout", &C::model, &GPTConfig::hidden_dropout, "Dropout after attention and MLP."),
+      field("model.attention_dropout", &C::model, &GPTConfig::attention_dropout, "Dropout on attention weights."),
+      field("model.layernorm_epsilon", &C::model, &GPTConfig::layernorm_epsilon, "LayerNorm epsilon."),
+      field("model.init_method_std", &C::model, &GPTConfig::init_method_std,
+            "Std of the normal weight initialisation (output projections: std / sqrt(2 x num_layers))."),
+      field("model.init_seed", &C::model, &GPTConfig::init_seed,
+            "Seed of the weight initialisation; any tp/pp layout starts from the same weights."),
+      field("model.share_embeddings_and_output_weights", &C::model, &GPTConfig::share_embeddings_and_output_weights,
+            "Tie the output layer to the word embedding (GPT-2)."),
+
+      field("train.micro_batch_size", &C::train, &TrainingConfig::micro_batch_size,
+            "Samples per forward/backward pass on one rank."),
+      field("train.global_batch_size", &C::train, &TrainingConfig::global_batch_size,
+            "Samples per optimizer step over all data-parallel ranks (micro_batch_size x dp x micro-batches)."),
+      field("train.train_iters", &C::train, &TrainingConfig::train_iters, "Optimizer steps to train."),
+      field("train.eval_interval", &C::train, &TrainingConfig::eval_interval,
+            "Validate every this many steps; 0 = only after training."),
+      field("train.eval_iters", &C::train, &TrainingConfig::eval_iters,
+            "Steps per validation or test; 0 disables both."),
+      field("train.skip_train", &C::train, &TrainingConfig::skip_train, "Skip training (evaluate only)."),
+      field("train.check_for_nan_in_loss_and_grad", &C::train, &TrainingConfig::check_for_nan_in_loss_and_grad,
+            "Fail the run when the gradient norm is NaN or infinite."),
+      field("train.num_threads", &C::train, &TrainingConfig::num_threads,
+            "Intra-op threads per rank; 0 = the node's cores divided among its ranks."),
+
+      field("optimizer.optimizer", &C::optimizer, &OptimizerConfig::optimizer,
+            "adam (decoupled weight decay, i.e. AdamW) or sgd."),
+      field("optimizer.lr", &C::optimizer, &OptimizerConfig::lr, "Peak learning rate."),
+      field("optimizer.min_lr", &C::optimizer, &OptimizerConfig::min_lr, "Learning rate at the end of the decay."),
+      field("optimizer.weight_decay", &C::optimizer, &OptimizerConfig::weight_decay,
+            "Decoupled weight decay on matrices (none on biases and norm weights)."),
+      field("optimizer.adam_beta1", &C::optimizer, &OptimizerConfig::adam_beta1, "Adam beta1."),
+      field("optimizer.adam_beta2", &C::optimizer, &OptimizerConfig::adam_beta2, "Adam beta2."),
+      field("optimizer.adam_eps", &C::optimizer, &OptimizerConfig::adam_eps, "Adam epsilon."),
+      field("optimizer.sgd_momentum", &C::optimizer, &OptimizerConfig::sgd_momentum, "SGD momentum."),
+      field("optimizer.clip_grad", &C::optimizer, &OptimizerConfig::clip_grad,
+            "Clip the global gradient norm to this; 0 disables."),
+
+      field("scheduler.lr_warmup_iters", &C::scheduler, &SchedulerConfig::lr_warmup_iters,
+            "Steps of linear warmup from 0 to optimizer.lr."),
+      field("scheduler.lr_decay_iters", &C::scheduler, &SchedulerConfig::lr_decay_iters,
+            "Steps over which the learning rate decays to optimizer.min_lr; 0 = train.train_iters."),
+      field("scheduler.lr_decay_style", &C::scheduler, &SchedulerConfig::lr_decay_style,
+            "constant, linear, cosine or inverse-square-root."),
+
+      field("parallelism.tensor_model_parallel_size", &C::parallelism, &ParallelismConfig::tensor_model_parallel_size,
+            "Ranks each layer is split over (tp)."),
+      field("parallelism.pipeline_model_parallel_size", &C::parallelism,
+            &ParallelismConfig::pipeline_model_parallel_size,
+            "Pipeline stages (pp); the world size must be a multiple of tp x pp, the rest is data parallel."),
+      field("parallelism.virtual_pipeline_model_parallel_size", &C::parallelism,
+            &ParallelismConfig::virtual_pipeline_model_parallel_size,
+            "Model chunks per pipeline rank (interleaved 1F1B); null = the plain schedule."),
+      field("parallelism.microbatch_group_size_per_vp_stage", &C::parallelism,
+            &ParallelismConfig::microbatch_group_size_per_vp_stage,
+            "Micro-batch group size of the interleaved schedule; null = the pipeline size."),
+      field("parallelism.backend", &C::parallelism, &ParallelismConfig::backend, "Collective backend."),
+      field("parallelism.timeout", &C::parallelism, &ParallelismConfig::timeout,
+            "Limit for the rendezvous and every collective (e.g. 30s, 10min, 1h)."),
+
+      field("ddp.overlap_grad_reduce", &C::ddp, &DistributedDataParallelConfig::overlap_grad_reduce,
+            "Start each gradient bucket's all-reduce during the last micro-batch's backward."),
+      field("ddp.average_in_collective", &C::ddp, &DistributedDataParallelConfig::average_in_collective,
+            "false: pre-scale gradients by 1/dp, then sum (Megatron's default)."),
+      field("ddp.bucket_size", &C::ddp, &DistributedDataParallelConfig::bucket_size,
+            "Elements per gradient bucket; 0 = max(40M, 1M x dp)."),
+
+      field("dataset.data_path", &C::dataset, &DatasetConfig::data_path,
+            "Megatron .bin/.idx path prefixes to train on; empty = mock data (random tokens)."),
+      field("dataset.split", &C::dataset, &DatasetConfig::split,
+            "Train/validation/test proportions over the documents, e.g. \"969,30,1\"."),
+      field("dataset.path_to_cache", &C::dataset, &DatasetConfig::path_to_cache,
+            "Where the sample indices are cached; empty = <prefix's folder>/cache/GPTDataset_indices."),
+
+      field("logging.log_interval", &C::logging, &LoggingConfig::log_interval,
+            "Print the training log line every this many steps."),
+      field("logging.tensorboard_dir", &C::logging, &LoggingConfig::tensorboard_dir,
+            "TensorBoard event files go here; empty = no TensorBoard."),
+      field("logging.jsonl_path", &C::logging, &LoggingConfig::jsonl_path,
+            "Append metrics as JSON lines to this file; empty = none."),
+      field("logging.tensorboard_log_interval", &C::logging, &LoggingConfig::tensorboard_log_interval,
+            "Write metrics every this many steps."),
+      field("logging.log_throughput", &C::logging, &LoggingConfig::log_throughput,
+            "Model TFLOP/s per device on the console line."),
+      field("logging.log_params_norm", &C::logging, &LoggingConfig::log_params_norm,
+            "The parameters' L2 norm on the line and in the writers."),
+      field("logging.log_memory_to_tensorboard", &C::logging, &LoggingConfig::log_memory_to_tensorboard,
+            "Write memory use to the metric writers."),
+      field("logging.log_l2_norm_grad_to_tensorboard", &C::logging, &LoggingConfig::log_l2_norm_grad_to_tensorboard,
+            "Write per-parameter and global gradient norms."),
+      field("logging.log_throughput_to_tensorboard", &C::logging, &LoggingConfig::log_throughput_to_tensorboard,
+            "Write throughput to the metric writers."),
+      field("logging.throughput_window_size", &C::logging, &LoggingConfig::throughput_window_size,
+            "Steps in the rolling throughput window."),
+      field("logging.log_runtime_to_tensorboard", &C::logging, &LoggingConfig::log_runtime_to_tensorboard,
+            "Write the elapsed run time to the metric writers."),
+      field("logging.runtime_time_unit", &C::logging, &LoggingConfig::runtime_time_unit,
+            "Unit of the run time: seconds, minutes, hours or days."),
+      field("logging.log_loss_scale_to_tensorboard", &C::logging, &LoggingConfig::log_loss_scale_to_tensorboard,
+            "Write the loss scale to the metric writers."),
+      field("logging.log_world_size_to_tensorboard", &C::logging, &LoggingConfig::log_world_size_to_tensorboard,
+            "Write the world size to the metric writers."),
+
+      field("rng.seed", &C::rng, &RNGConfig::seed, "Seed of the data order and dropout."),
+
+      field("checkpoint.save", &C::checkpoint, &CheckpointConfig::save,
+            "Directory for checkpoints; empty = never save."),
+      field("checkpoint.save_interval", &C::checkpoint, &CheckpointConfig::save_interval,
+            "Save every this many steps; 0 = only at the end (when checkpoint.save is set)."),
+  };
+  return table;
+}
+
+std::string_view section_of(std::string_view key) { return key.substr(0, key.find('.')); }
+std::string_view leaf_of(std::string_view key) { return key.substr(key.rfind('.') + 1); }
+
+const Field* find_field(std::string_view key) {
+  for (const Field& f : fields()) {
+    if (f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+// Whether `path` names a section (or a level above some keys): "train", "model".
+bool is_section(std::string_view path) {
+  for (const Field& f : fields()) {
+    if (f.key.size() > path.size() && f.key.compare(0, path.size(), path) == 0 && f.key[path.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> sections() {
+  std::vector<std::string> names;
+  for (const Field& f : fields()) {
+    const std::string name(section_of(f.key));
+    if (names.empty() || names.back() != name) names.push_back(name);
+  }
+  return names;
+}
+
+// ---- Applying YAML ----
+
+// Where a node came from: "recipe.yaml:12:3", or the override for nodes parsed from one.
+struct Source {
+  std::string name;
+  bool has_lines = true;
+
+  std::string at(const YAML::Node& node) const {
+    const YAML::Mark mark = node.Mark();
+    if (!has_lines || mark.is_null()) return name;
+    return name + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  }
+};
+
+std::string describe(const YAML::Node& node) {
+  if (is_null(node)) return "null (no value)";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "'" + node.Scalar() + "'";
+}
+
+std::string a_or_an(const std::string& noun) {
+  return (noun.empty() || std::string_view("aeiou").find(noun[0]) == std::string_view::npos ? "a " : "an ") + noun;
+}
+
+std::string unknown_key_message(const std::string& path) {
+  std::vector<std::string_view> keys;
+  for (const Field& f : fields()) keys.push_back(f.key);
+  std::optional<std::string> suggestion = utils::closest_match(path, keys);
+  if (!suggestion) {
+    // Right name, wrong or missing section: "global_batch_size", "model.train_iters".
+    for (const Field& f : fields()) {
+      if (leaf_of(f.key) == leaf_of(path)) {
+        suggestion = f.key;
+        break;
+      }
+    }
+  }
+  if (!suggestion) {
+    std::vector<std::string_view> leaves;
+    for (const Field& f : fields()) leaves.push_back(leaf_of(f.key));
+    if (std::optional<std::string> leaf = utils::closest_match(leaf_of(path), leaves)) {
+      for (const Field& f : fields()) {
+        if (leaf_of(f.key) == *leaf) {
+          suggestion = f.key;
+          break;
+        }
+      }
+    }
+  }
+  std::string message = "unknown config key '" + path + "'";
+  if (suggestion) {
+    message += "; did you mean '" + *suggestion + "'?";
+  } else if (const std::string section(section_of(path)); is_section(section)) {
+    std::vector<std::string_view> in_section;
+    for (const Field& f : fields()) {
+      if (section_of(f.key) == section) in_section.push_back(f.key);
+    }
+    message += "; the keys of '" + section + "' are " + utils::join(in_section, ", ");
+  } else {
+    message += "; the sections are " + utils::join(sections(), ", ");
+  }
+  return message + " (bridge-pretrain --help lists every key)";
+}
+
+void set_field(const Field& f, ConfigContainer& config, const YAML::Node& value, const Source& source) {
+  if (!f.parse(config, value)) {
+    std::string expected = a_or_an(f.type);
+    if (f.type == "duration") expected += " with a unit (ms, s, min, h), e.g. 30s or 10min";
+    throw ConfigError(source.at(value) + ": " + f.key + " must be " + expected + ", got " + describe(value));
+  }
+}
+
+void apply_map(ConfigContainer& config, const YAML::Node& map, const std::string& prefix, const Source& source,
+               std::set<std::string>& seen) {
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node& key = it->first;
+    const YAML::Node& value = it->second;
+    if (!key.IsScalar()) throw ConfigError(source.at(key) + ": keys must be names, got " + describe(key));
+    const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
+    if (const Field* f = find_field(path)) {
+      if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
+      set_field(*f, config, value, source);
+    } else if (is_section(path)) {
+      if (is_null(value)) continue;  // a section with every key commented out
+      if (!value.IsMap()) {
+        throw ConfigError(source.at(key) + ": '" + path + "' is a section, not a value; set its keys (" + path +
+                          ".<key>), got " + describe(value));
+      }
+      apply_map(config, value, path, source, seen);
+    } else {
+      throw ConfigError(source.at(key) + ": " + unknown_key_message(path));
+    }
+  }
+}
+
+YAML::Node parse_yaml(std::string_view text, const std::string& source_name) {
+  try {
+    return YAML::Load(std::string(text));
+  } catch (const YAML::Exception& error) {
+    std::string where = source_name;
+    if (!error.mark.is_null()) {
+      where += ":" + std::to_string(error.mark.line + 1) + ":" + std::to_string(error.mark.column + 1);
+    }
+    throw ConfigError(where + ": bad YAML: " + error.msg);
+  }
+}
+
+std::string emit_value(const Field& f, const ConfigContainer& config) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  f.emit(out, config);
+  return out.c_str();
+}
+
+// `text` wrapped to `width` columns, each line starting with `indent`.
+std::string wrap(std::string_view text, std::string_view indent, std::size_t width) {
+  std::string result, line;
+  std::istringstream words{std::string(text)};
+  std::string word;
+  while (words >> word) {
+    if (!line.empty() && indent.size() + line.size() + 1 + word.size() > width) {
+      result += std::string(indent) + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) result += std::string(indent) + line + "\n";
+  return result;
+}
+
+}  // namespace
+
+std::vector<ConfigKeyInfo> config_keys() {
+  std::vector<ConfigKeyInfo> keys;
+  for (const Field& f : fields()) keys.push_back(ConfigKeyInfo{f.key, f.type, f.doc});
+  return keys;
+}
+
+void merge_config_yaml(ConfigContainer& config, std::string_view text, std::string_view source) {
+  const Source origin{std::string(source)};
+  const YAML::Node root = parse_yaml(text, origin.name);
+  if (is_null(root)) return;  // an empty file (or only comments): the config as it is
+  if (!root.IsMap()) {
+    throw ConfigError(origin.at(root) + ": the top level must be a mapping of sections (" +
+                      utils::join(sections(), ":, ") + ":), got " + describe(root));
+  }
+  std::set<std::string> seen;
+  apply_map(config, root, "", origin, seen);
+}
+
+ConfigContainer load_config_yaml_string(std::string_view text, std::string_view source) {
+  ConfigContainer config;
+  merge_config_yaml(config, text, source);
+  return config;
+}
+
+ConfigContainer load_config_yaml(const std::filesystem::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    throw ConfigError("cannot read the config file '" + path.string() +
+                      "': " + std::error_code(errno, std::generic_category()).message());
+  }
+  std::ostringstream text;
+  text << file.rdbuf();
+  return load_config_yaml_string(text.str(), path.string());
+}
+
+void apply_override(ConfigContainer& config, std::string_view assignment) {
+  const Source origin{"override '" + std::string(assignment) + "'", /*has_lines=*/false};
+  const std::size_t equals = assignment.find('=');
+  const std::string key(trim(assignment.substr(0, equals)));
+  if (equals == std::string_view::npos || key.empty()) {
+    throw ConfigError(origin.name + ": an override is key=value, e.g. train.train_iters=100 (keys: --help)");
+  }
+  YAML::Node map(YAML::NodeType::Map);
+  map[key] = parse_yaml(assignment.substr(equals + 1), origin.name);
+  std::set<std::string> seen;
+  apply_map(config, map, "", origin, seen);
+}
+
+std::string to_yaml(const ConfigContainer& config) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  out << YAML::BeginMap;
+  std::string_view open_section;
+  for (const Field& f : fields()) {
+    const std::string_view section = section_of(f.key);
+    if (section != open_section) {
+      if (!open_section.empty()) out << YAML::EndMap;
+      out << YAML::Key << std::string(section) << YAML::Value << YAML::BeginMap;
+      open_section = section;
+    }
+    out << YAML::Key << std::string(leaf_of(f.key)) << YAML::Value;
+    f.emit(out, config);
+  }
+  if (!open_section.empty()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_help(const ConfigContainer& defaults) {
+  std::string text;
+  std::string_view open_section;
+  for (const Field& f : fields()) {
+    const std::string_view section = section_of(f.key);
+    if (section != open_section) {
+      text += (open_section.empty() ? "" : "\n") + std::string(section) + ":\n";
+      open_section = section;
+    }
+    text += "  " + f.key + " (" + f.type + ", default " + emit_value(f, defaults) + ")\n";
+    text += wrap(f.doc, "      ", 120);
+  }
+  return text;
+}
+
+}  // namespace bridge::training

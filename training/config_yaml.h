@@ -1,0 +1,63 @@
+// ConfigContainer as YAML: recipes, "a.b.c=value" overrides (Megatron-Bridge / Hydra style), the resolved config
+// and the key reference, all driven by one table of every user-settable field (config_keys()).
+//
+//   train:
+//     global_batch_size: 32        # recipe.yaml; keys left out keep their defaults
+//   model: {num_layers: 4, hidden_size: 128}
+//
+//   ConfigContainer config = load_config_yaml("recipe.yaml");
+//   apply_override(config, "optimizer.lr=3e-4");
+//   apply_override(config, "dataset.data_path=[/data/a_text_document, /data/b_text_document]");
+//   std::cout << to_yaml(config);  // load_config_yaml_string(to_yaml(config)) gives config back
+//
+// Unknown keys, wrong types and bad YAML throw ConfigError naming the key (or file:line) and the closest valid key;
+// combinations that cannot work are left to ConfigContainer::validate.
+#pragma once
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "training/config.h"
+
+namespace bridge::training {
+
+/// A config that cannot be read: an unknown key, a value of the wrong type, bad YAML or an unreadable file. The
+/// message says where (file:line or the override) and how to fix it.
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// One user-settable field of ConfigContainer.
+struct ConfigKeyInfo {
+  std::string key;   ///< dotted, section first: "train.global_batch_size"
+  std::string type;  ///< as users write it: "int", "float", "bool", "string", "list of strings", "duration", ...
+  std::string doc;
+};
+
+/// Every user-settable key, section by section in the order of config.h. dataset.provider (code, not data) is not
+/// one of them.
+std::vector<ConfigKeyInfo> config_keys();
+
+/// The defaults with the YAML file at `path` applied on top.
+ConfigContainer load_config_yaml(const std::filesystem::path& path);
+/// The defaults with YAML `text` applied on top; `source` names the text in errors (a file name, "<tiny recipe>").
+ConfigContainer load_config_yaml_string(std::string_view text, std::string_view source = "<yaml>");
+/// Applies the keys present in YAML `text` to `config`, leaving every other field as it is. Sections nest
+/// (`train: {train_iters: 5}`) or keys may be dotted (`train.train_iters: 5`); a key set twice is an error.
+void merge_config_yaml(ConfigContainer& config, std::string_view text, std::string_view source = "<yaml>");
+
+/// Applies one override "a.b.c=value"; the value is read as YAML: `5`, `3e-4`, `true`, `[a, b]`, `null` (optional
+/// fields), `10min` (durations), or a string. A section may be set as a whole: `model={num_layers: 2}`.
+void apply_override(ConfigContainer& config, std::string_view assignment);
+
+/// Every user-settable key of `config` as YAML, section by section; loading it gives the same config back.
+std::string to_yaml(const ConfigContainer& config);
+
+/// The key reference: every key with its type, its value in `defaults` and its doc, grouped by section.
+std::string config_help(const ConfigContainer& defaults = {});
+
+}  // namespace bridge::training
