@@ -125,24 +125,36 @@ void build(PretrainSetup& setup) {
 
   setup.fire_training(Event::kDataInitStart);
 
-  setup.datasets = config.dataset.provider             ? config.dataset.provider(config)
-                   : !config.dataset.data_path.empty() ? datasets::build_gpt_datasets(config)
-                                                       : mock_datasets(config);
-  if (!setup.datasets.train && config.train.train_iters > 0 && !config.train.skip_train) {
-    throw std::invalid_argument("dataset.provider returned no train dataset but train.train_iters is " +
-                                std::to_string(config.train.train_iters));
+  // Building the data can fail on some ranks only (a file missing on one node, a cache folder it cannot write):
+  // the failure travels in the flags below, so every rank stops with it instead of waiting for the others.
+  std::exception_ptr failure;
+  try {
+    setup.datasets = config.dataset.provider             ? config.dataset.provider(config)
+                     : !config.dataset.data_path.empty() ? datasets::build_gpt_datasets(config)
+                                                         : mock_datasets(config);
+    if (!setup.datasets.train && config.train.train_iters > 0 && !config.train.skip_train) {
+      throw std::invalid_argument("dataset.provider returned no train dataset but train.train_iters is " +
+                                  std::to_string(config.train.train_iters));
+    }
+    setup.train_data = iterators(setup, setup.datasets.train);
+    setup.valid_data = iterators(setup, setup.datasets.valid);
+    setup.test_data = iterators(setup, setup.datasets.test);
+  } catch (...) {
+    failure = std::current_exception();
   }
-  setup.train_data = iterators(setup, setup.datasets.train);
-  setup.valid_data = iterators(setup, setup.datasets.valid);
-  setup.test_data = iterators(setup, setup.datasets.test);
   TrainState& train_state = setup.state.train_state;
   train_state.do_train = !config.train.skip_train && config.train.train_iters > 0;
   train_state.do_valid = !setup.valid_data.empty() && config.train.eval_iters > 0;
   train_state.do_test = !setup.test_data.empty() && config.train.eval_iters > 0;
   // Evaluation is collective: a provider that gave a dataset to some ranks only would leave the others waiting.
-  torch::Tensor flags = torch::tensor({train_state.do_valid ? 1.0 : 0.0, train_state.do_test ? 1.0 : 0.0,
-                                       train_state.do_valid ? -1.0 : 0.0, train_state.do_test ? -1.0 : 0.0});
+  torch::Tensor flags =
+      torch::tensor({train_state.do_valid ? 1.0 : 0.0, train_state.do_test ? 1.0 : 0.0,
+                     train_state.do_valid ? -1.0 : 0.0, train_state.do_test ? -1.0 : 0.0, failure ? 1.0 : 0.0});
   parallel::get_world_group().all_reduce(flags, parallel::ReduceOp::kMax);
+  if (flags[4].item<double>() > 0.0) {
+    if (failure) std::rethrow_exception(failure);
+    throw std::runtime_error("building the datasets failed on another rank (its error names the cause)");
+  }
   if (flags[0].item<double>() != -flags[2].item<double>() || flags[1].item<double>() != -flags[3].item<double>()) {
     throw std::invalid_argument(
         "dataset.provider returned a validation or test dataset on some ranks but not on others; return the same "

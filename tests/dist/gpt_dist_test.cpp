@@ -133,6 +133,17 @@ TEST(GptDropout, ReplicatedWeightsStayIdenticalAcrossTensorParallelRanks) {
   expect_all_ok(run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120)), "dropout: ok");
 }
 
+TEST(GptData, ADatasetFailureOnOneRankFailsEveryRankAtOnce) {
+  const auto results = run_ranks(kWorker, {"bad_data"}, 2, std::chrono::seconds(120));
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 3) << describe(results);
+    EXPECT_FALSE(result.killed_at_deadline) << describe(results);
+    EXPECT_LT(result.seconds, 60.0) << "a rank waited for the other: " << describe(results);
+  }
+  EXPECT_THAT(results[0].output, HasSubstr("building the datasets failed on another rank")) << describe(results);
+  EXPECT_THAT(results[1].output, HasSubstr("/nonexistent/bridge_dataset")) << describe(results);
+}
+
 std::vector<RankResult> run_control(const std::string& action, int requesting_rank, const fs::path& directory) {
   return run_ranks(kWorker, {"control", action, std::to_string(requesting_rank), "2", directory.string()}, 2,
                    std::chrono::seconds(120));

@@ -9,6 +9,8 @@
 //   gpt_worker dropout
 //       tp=2 training with dropout on: the replicated weights (norms, biases added after the all-reduce) stay
 //       identical across the tensor-parallel group, which holds only if replicated activations draw the same masks.
+//   gpt_worker bad_data
+//       rank 0 trains on mock data, the last rank on a dataset prefix that does not exist: both exit 3 at once.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
 //
@@ -23,44 +25,14 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "tests/dist/gpt_worker_support.h"
 
 namespace {
 
 using namespace bridge;
 using namespace bridge::training;
 
-int g_failures = 0;
-
-void expect(bool condition, const std::string& what) {
-  if (condition) return;
-  ++g_failures;
-  std::printf("rank %d: FAILED %s\n", parallel::get_rank(), what.c_str());
-  std::fflush(stdout);
-}
-
-ConfigContainer tiny_config(int tp, int pp, int vpp, int64_t steps) {
-  ConfigContainer config;
-  config.model.num_layers = 4;
-  config.model.hidden_size = 32;
-  config.model.num_attention_heads = 4;
-  config.model.vocab_size = 128;
-  config.model.make_vocab_size_divisible_by = 64;  // 128 at tp 1 and 2: every layout has the same padded vocab
-  config.model.seq_length = 16;
-  config.model.hidden_dropout = 0.0;
-  config.model.attention_dropout = 0.0;
-  config.model.init_seed = 7;
-  config.train.micro_batch_size = 1;
-  config.train.global_batch_size = 4;
-  config.train.train_iters = steps;
-  config.train.num_threads = 1;
-  config.optimizer.lr = 1e-3;
-  config.optimizer.clip_grad = 1.0;
-  config.ddp.bucket_size = 4000;  // several buckets
-  config.parallelism.tensor_model_parallel_size = tp;
-  config.parallelism.pipeline_model_parallel_size = pp;
-  if (vpp > 0) config.parallelism.virtual_pipeline_model_parallel_size = vpp;
-  return config;
-}
+using testing::expect;
 
 int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps) {
   auto manager = std::make_shared<CallbackManager>();
@@ -110,7 +82,7 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
       lines += line;
     }
   });
-  const ConfigContainer config = tiny_config(tp, pp, vpp, steps);
+  const ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
   const int64_t chunks = vpp > 0 ? vpp : 1;
@@ -123,7 +95,7 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
 }
 
 int run_dropout() {
-  ConfigContainer config = tiny_config(/*tp=*/2, /*pp=*/1, /*vpp=*/0, /*steps=*/3);
+  ConfigContainer config = testing::tiny_gpt_config(/*tp=*/2, /*pp=*/1, /*vpp=*/0, /*steps=*/3);
   config.model.hidden_dropout = 0.2;
   config.model.attention_dropout = 0.2;
   auto manager = std::make_shared<CallbackManager>();
@@ -161,7 +133,7 @@ int run_control(const std::string& action, int requesting_rank, int64_t at_step,
       },
       "watchdog");
   manager->register_callback(Event::kTrainEnd, [&](CallbackContext&) { train_end = true; });
-  ConfigContainer config = tiny_config(/*tp=*/1, /*pp=*/2, /*vpp=*/0, /*steps=*/6);
+  ConfigContainer config = testing::tiny_gpt_config(/*tp=*/1, /*pp=*/2, /*vpp=*/0, /*steps=*/6);
   config.model.num_layers = 2;
   if (action == "save") config.checkpoint.save = out_dir;
   try {
@@ -178,31 +150,38 @@ int run_control(const std::string& action, int requesting_rank, int64_t at_step,
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const std::string scenario = argc > 1 ? argv[1] : "";
-  int code = 2;
-  try {
-    // The world outlives pretrain(), which then creates and releases only the model-parallel groups.
-    parallel::init_distributed();
-    if (scenario == "parity" && argc == 7) {
-      code = run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]));
-    } else if (scenario == "dropout" && argc == 2) {
-      code = run_dropout();
-    } else if (scenario == "control" && argc == 6) {
-      code = run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
-    } else {
-      parallel::destroy_distributed();
-      std::fprintf(stderr,
-                   "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps>\n"
-                   "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n");
-      return 2;
-    }
-  } catch (const std::exception& error) {
-    std::printf("FAILED with exception: %s\n", error.what());
-    std::fflush(stdout);
-    return 1;
+// Rank 0 trains on mock data, the last rank on a dataset prefix that does not exist: both must fail at once.
+int run_bad_data() {
+  ConfigContainer config = testing::tiny_gpt_config(1, 1, 0, 2);
+  if (parallel::get_rank() == parallel::get_world_size() - 1) {
+    config.dataset.data_path = {"/nonexistent/bridge_dataset"};
   }
-  parallel::destroy_distributed();
-  if (code == 0 && g_failures == 0) std::printf("%s: ok\n", scenario.c_str());
-  return g_failures > 0 ? 1 : code;
+  try {
+    pretrain(config, gpt_forward_step);
+  } catch (const std::exception& error) {
+    std::printf("rank %d: failed: %s\n", parallel::get_rank(), error.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  return bridge::testing::worker_main(argc, argv,
+                                      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps>\n"
+                                      "       gpt_worker dropout\n"
+                                      "       gpt_worker bad_data\n"
+                                      "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n",
+                                      [&](const std::string& scenario) {
+                                        if (scenario == "parity" && argc == 7) {
+                                          return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
+                                                            std::stoi(argv[5]), std::stoll(argv[6]));
+                                        }
+                                        if (scenario == "dropout" && argc == 2) return run_dropout();
+                                        if (scenario == "bad_data" && argc == 2) return run_bad_data();
+                                        if (scenario == "control" && argc == 6) {
+                                          return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
+                                        }
+                                        return -1;
+                                      });
 }

@@ -23,6 +23,7 @@
 #include "bridge/bridge.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
+#include "tests/dist/gpt_worker_support.h"
 #include "training/utils/train_utils.h"
 
 namespace {
@@ -30,37 +31,7 @@ namespace {
 using namespace bridge;
 using namespace bridge::training;
 
-int g_failures = 0;
-
-void expect(bool condition, const std::string& what) {
-  if (condition) return;
-  ++g_failures;
-  std::printf("rank %d: FAILED %s\n", parallel::get_rank(), what.c_str());
-  std::fflush(stdout);
-}
-
-ConfigContainer tiny_config(int tp, int pp, int vpp, int64_t steps) {
-  ConfigContainer config;
-  config.model.num_layers = 4;
-  config.model.hidden_size = 32;
-  config.model.num_attention_heads = 4;
-  config.model.vocab_size = 128;
-  config.model.make_vocab_size_divisible_by = 64;  // 128 at tp 1 and 2: the same model in every layout
-  config.model.seq_length = 16;
-  config.model.hidden_dropout = 0.0;
-  config.model.attention_dropout = 0.0;
-  config.model.init_seed = 7;
-  config.train.micro_batch_size = 1;
-  config.train.global_batch_size = 4;
-  config.train.train_iters = steps;
-  config.train.num_threads = 1;
-  config.optimizer.lr = 1e-3;
-  config.optimizer.clip_grad = 1.0;
-  config.parallelism.tensor_model_parallel_size = tp;
-  config.parallelism.pipeline_model_parallel_size = pp;
-  if (vpp > 0) config.parallelism.virtual_pipeline_model_parallel_size = vpp;
-  return config;
-}
+using testing::expect;
 
 void enable_every_statistic(ConfigContainer& config) {
   config.logging.log_params_norm = true;
@@ -74,7 +45,7 @@ void enable_every_statistic(ConfigContainer& config) {
 }
 
 int run_stats(const std::string& out_dir, int tp, int pp, int vpp) {
-  ConfigContainer config = tiny_config(tp, pp, vpp, 3);
+  ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, 3);
   enable_every_statistic(config);
   config.logging.jsonl_path = out_dir + "/metrics.jsonl";
   config.logging.tensorboard_dir = out_dir + "/tensorboard";
@@ -133,7 +104,7 @@ int run_count(int64_t log_interval, bool with_on_log) {
   // The model-parallel collectives of each step without any logging, then with everything on.
   std::vector<std::vector<int64_t>> mp_deltas(2), world_deltas(2);
   for (int logging_on = 0; logging_on < 2; ++logging_on) {
-    ConfigContainer config = tiny_config(1, parallel::get_world_size(), 0, steps);
+    ConfigContainer config = testing::tiny_gpt_config(1, parallel::get_world_size(), 0, steps);
     if (logging_on != 0) {
       enable_every_statistic(config);
       config.logging.log_interval = log_interval;
@@ -186,7 +157,7 @@ int run_count(int64_t log_interval, bool with_on_log) {
 }
 
 int run_control(const std::string& mode, const std::string& out_dir) {
-  ConfigContainer config = tiny_config(1, parallel::get_world_size(), 0, 6);
+  ConfigContainer config = testing::tiny_gpt_config(1, parallel::get_world_size(), 0, 6);
   config.logging.log_interval = 2;
   const int rank = parallel::get_rank();
   const bool last = rank == parallel::get_world_size() - 1;
@@ -227,30 +198,18 @@ int run_control(const std::string& mode, const std::string& out_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string scenario = argc > 1 ? argv[1] : "";
-  int code = 2;
-  try {
-    parallel::init_distributed();
-    if (scenario == "stats" && argc == 6) {
-      code = run_stats(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
-    } else if (scenario == "control" && argc == 4) {
-      code = run_control(argv[2], argv[3]);
-    } else if (scenario == "count" && argc == 4) {
-      code = run_count(std::stoll(argv[2]), std::string(argv[3]) == "1");
-    } else {
-      parallel::destroy_distributed();
-      std::fprintf(stderr,
-                   "usage: stats_worker stats <out_dir> <tp> <pp> <vpp|0>\n"
-                   "       stats_worker count <log_interval> <with_on_log 0|1>\n"
-                   "       stats_worker control <on_log_stop|step_end_stop|on_log_save> <out_dir>\n");
-      return 2;
-    }
-  } catch (const std::exception& error) {
-    std::printf("FAILED with exception: %s\n", error.what());
-    std::fflush(stdout);
-    return 1;
-  }
-  parallel::destroy_distributed();
-  if (code == 0 && g_failures == 0) std::printf("%s: ok\n", scenario.c_str());
-  return g_failures > 0 ? 1 : code;
+  return bridge::testing::worker_main(argc, argv,
+                                      "usage: stats_worker stats <out_dir> <tp> <pp> <vpp|0>\n"
+                                      "       stats_worker count <log_interval> <with_on_log 0|1>\n"
+                                      "       stats_worker control <on_log_stop|step_end_stop|on_log_save> <out_dir>\n",
+                                      [&](const std::string& scenario) {
+                                        if (scenario == "stats" && argc == 6) {
+                                          return run_stats(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
+                                                           std::stoi(argv[5]));
+                                        }
+                                        if (scenario == "control" && argc == 4) return run_control(argv[2], argv[3]);
+                                        if (scenario == "count" && argc == 4)
+                                          return run_count(std::stoll(argv[2]), std::string(argv[3]) == "1");
+                                        return -1;
+                                      });
 }
