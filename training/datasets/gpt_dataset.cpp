@@ -128,6 +128,12 @@ IndexedGPTDataset::IndexedGPTDataset(std::shared_ptr<const IndexedDataset> datas
                                 std::to_string(config_.seq_length));
   }
   if (num_samples_ < 0) throw std::invalid_argument("IndexedGPTDataset: num_samples must be >= 0 for " + where);
+  const DType dtype = dataset_->dtype();
+  if (dtype == DType::kFloat32 || dtype == DType::kFloat64) {
+    throw std::invalid_argument("IndexedGPTDataset: " + dataset_->path_prefix() + ".idx holds " +
+                                std::string(dtype_name(dtype)) +
+                                " values, not token ids; preprocess the text with bridge-preprocess-data");
+  }
   if (range_.begin < 0 || range_.end > dataset_->size() || range_.begin > range_.end) {
     throw std::invalid_argument("IndexedGPTDataset: sequences [" + std::to_string(range_.begin) + ", " +
                                 std::to_string(range_.end) + ") are not inside the " +

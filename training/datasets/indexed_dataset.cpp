@@ -468,7 +468,9 @@ void IndexedDatasetBuilder::finalize() {
       throw std::runtime_error("IndexedDatasetBuilder: cannot create " + idx_tmp_ + ": " + errno_text());
     write_all(file, idx.data(), idx.size(), idx_tmp_);
     if (std::fclose(file) != 0) throw std::runtime_error("IndexedDatasetBuilder: closing " + idx_tmp_ + " failed");
-    // The .bin first: a reader that sees the new .idx then finds its .bin already in place.
+    // The old .idx goes first, then the .bin, then the new .idx: a reader never pairs a new .bin with an old .idx
+    // (whose sizes might happen to fit).
+    std::remove((path_prefix_ + ".idx").c_str());
     for (const auto& [from, to] :
          {std::pair{bin_tmp_, path_prefix_ + ".bin"}, std::pair{idx_tmp_, path_prefix_ + ".idx"}}) {
       if (std::rename(from.c_str(), to.c_str()) != 0) {

@@ -1,6 +1,7 @@
 // NumPy's .npy format for the cached GPT sample indices: written byte-identical to numpy.save (format 1.0), read
-// with every header field checked, so Megatron's own caches and ours load either way. Cache files are written
-// atomically, so ranks building the same cache at once are safe.
+// with every header field checked. (The cache's file names and description are bridge's own, so Megatron's cached
+// indices are not picked up, only written in the same format.) Cache files are written atomically, so ranks building
+// the same cache at once are safe.
 #pragma once
 
 #include <cstdint>

@@ -229,8 +229,9 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
                                ": expected two space-separated symbols (a merge \"first second\"), got \"" + line +
                                "\"");
     }
-    // A repeated pair keeps its first (lowest) rank, as in the dict GPT-2 builds.
-    merge_ranks_.emplace(first + " " + second, static_cast<int64_t>(merge_ranks_.size()));
+    // The rank is the merge's position; a repeated pair takes its last position, as dict(zip(merges, range(n))) in
+    // GPT-2's encoder.py does.
+    merge_ranks_.insert_or_assign(first + " " + second, static_cast<int64_t>(line_number));
   }
 }
 
