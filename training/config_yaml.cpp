@@ -466,8 +466,9 @@ void set_field(const Field& f, ConfigContainer& config, const YAML::Node& value,
 void apply_map(ConfigContainer& config, const YAML::Node& map, const std::string& prefix, const Source& source,
                std::set<std::string>& seen) {
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const YAML::Node& key = it->first;
-    const YAML::Node& value = it->second;
+    // Copies: yaml-cpp's iterator hands out a temporary pair, so references to its members would dangle.
+    const YAML::Node key = it->first;
+    const YAML::Node value = it->second;
     if (!key.IsScalar()) throw ConfigError(source.at(key) + ": keys must be names, got " + describe(key));
     const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
     if (const Field* f = find_field(path)) {

@@ -115,6 +115,24 @@ TEST_F(Cli, TheDefaultRecipeLearnsTheEmbeddedCorpus) {
   EXPECT_LT(losses.back(), 4.0) << "from about ln(257) = 5.5 at the start";
 }
 
+// A dataset written by an independent port of Megatron-Core's writer (uint16 tokens up to 65535, unaligned arrays),
+// as users bring from Megatron-LM's tools, trains as it is.
+TEST_F(Cli, TrainsOnAMegatronFormatDataset) {
+  const fs::path prefix = cache_ / "megatron_text_document";
+  const RankResult written =
+      run_command({BRIDGE_NUMPY_PYTHON, (kSourceDir / "tests/tools/megatron_indexed_writer.py").string(),
+                   prefix.string(), "uint16", "300"},
+                  kDeadline);
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+  const RankResult result =
+      run(quick({"model.vocab_size=65536", "dataset.data_path=[" + prefix.string() + "]", "dataset.split=98,1,1"}));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("data: " + prefix.string()));
+  EXPECT_EQ(logged_losses(result.output).size(), 3u) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("bridge-pretrain: done"));
+  EXPECT_TRUE(fs::exists(cache_ / "cache" / "GPTDataset_indices")) << "the sample indices are cached next to the data";
+}
+
 TEST_F(Cli, MpirunFourRanksWithTensorAndPipelineParallelOverrides) {
   const RankResult result =
       run(quick({"parallelism.tensor_model_parallel_size=2", "parallelism.pipeline_model_parallel_size=2"}),
