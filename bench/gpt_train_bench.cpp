@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/gpt_bench_model.h"
 #include "bridge/bridge.h"
 
 namespace {
@@ -23,24 +24,14 @@ namespace {
 using namespace bridge::training;
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> values) {
-  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
+using bridge::bench::median;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   cxxopts::Options options("gpt_train_bench", "GPT training throughput through bridge's pretrain()");
-  options.add_options()("layers", "transformer layers", cxxopts::value<int64_t>()->default_value("4"))(
-      "hidden", "hidden size", cxxopts::value<int64_t>()->default_value("256"))(
-      "heads", "attention heads", cxxopts::value<int64_t>()->default_value("4"))(
-      "seq", "sequence length", cxxopts::value<int64_t>()->default_value("128"))(
-      "vocab", "vocabulary (padded to a multiple of 128)", cxxopts::value<int64_t>()->default_value("8192"))(
-      "micro-batch", "sequences per step (one micro-batch per step)", cxxopts::value<int64_t>()->default_value("8"))(
-      "steps", "timed steps", cxxopts::value<int64_t>()->default_value("10"))(
+  bridge::bench::add_gpt_model_options(options);
+  options.add_options()("steps", "timed steps", cxxopts::value<int64_t>()->default_value("10"))(
       "warmup-steps", "untimed steps before them", cxxopts::value<int64_t>()->default_value("2"))(
       "threads", "intra-op threads", cxxopts::value<int>()->default_value("2"))("h,help", "print this help");
   try {
@@ -53,21 +44,10 @@ int main(int argc, char** argv) {
     const int64_t warmup = args["warmup-steps"].as<int64_t>();
     const int threads = args["threads"].as<int>();
 
-    ConfigContainer config;
-    config.model.num_layers = args["layers"].as<int64_t>();
-    config.model.hidden_size = args["hidden"].as<int64_t>();
-    config.model.num_attention_heads = args["heads"].as<int64_t>();
-    config.model.seq_length = args["seq"].as<int64_t>();
-    config.model.vocab_size = args["vocab"].as<int64_t>();
-    config.model.make_vocab_size_divisible_by = 128;
-    config.model.hidden_dropout = 0.0;
-    config.model.attention_dropout = 0.0;
-    config.model.share_embeddings_and_output_weights = true;
-    config.train.micro_batch_size = args["micro-batch"].as<int64_t>();
-    config.train.global_batch_size = config.train.micro_batch_size;
+    ConfigContainer config = bridge::bench::gpt_bench_config(args);
+    config.train.global_batch_size = config.train.micro_batch_size;  // one micro-batch per step
     config.train.train_iters = warmup + steps;
     config.train.num_threads = threads;
-    config.optimizer.clip_grad = 1.0;
     // The log line reads losses back and prints; keep it out of every timed step.
     config.logging.log_interval = std::numeric_limits<int64_t>::max();
 

@@ -28,6 +28,7 @@
 #include <system_error>
 #include <vector>
 
+#include "bench/gpt_bench_model.h"
 #include "bridge/bridge.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
@@ -38,12 +39,7 @@ namespace {
 using namespace bridge::training;
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> values) {
-  if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
+using bridge::bench::median;
 
 double mean(const std::vector<double>& values) {
   if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -139,14 +135,10 @@ void run_once(const ConfigContainer& config, int64_t warmup, Samples& samples) {
 
 int main(int argc, char** argv) {
   cxxopts::Options options("logging_overhead_bench", "per-step cost of pretrain()'s training log, all off vs all on");
-  options.add_options()("layers", "transformer layers", cxxopts::value<int64_t>()->default_value("4"))(
-      "hidden", "hidden size", cxxopts::value<int64_t>()->default_value("256"))(
-      "heads", "attention heads", cxxopts::value<int64_t>()->default_value("4"))(
-      "seq", "sequence length", cxxopts::value<int64_t>()->default_value("128"))(
-      "vocab", "vocabulary (padded to a multiple of 128)", cxxopts::value<int64_t>()->default_value("8192"))(
-      "micro-batch", "sequences per micro-batch", cxxopts::value<int64_t>()->default_value("8"))(
-      "microbatches", "micro-batches per step and data-parallel rank", cxxopts::value<int64_t>()->default_value("1"))(
-      "tp", "tensor-model-parallel size", cxxopts::value<int>()->default_value("1"))(
+  bridge::bench::add_gpt_model_options(options);
+  options.add_options()("microbatches", "micro-batches per step and data-parallel rank",
+                        cxxopts::value<int64_t>()->default_value("1"))("tp", "tensor-model-parallel size",
+                                                                       cxxopts::value<int>()->default_value("1"))(
       "pp", "pipeline-model-parallel size", cxxopts::value<int>()->default_value("1"))(
       "steps", "timed steps per run", cxxopts::value<int64_t>()->default_value("30"))(
       "warmup-steps", "untimed steps before them in every run", cxxopts::value<int64_t>()->default_value("5"))(
@@ -168,24 +160,13 @@ int main(int argc, char** argv) {
     bridge::parallel::init_distributed();
     const int world_size = bridge::parallel::get_world_size();
 
-    ConfigContainer base;
-    base.model.num_layers = args["layers"].as<int64_t>();
-    base.model.hidden_size = args["hidden"].as<int64_t>();
-    base.model.num_attention_heads = args["heads"].as<int64_t>();
-    base.model.seq_length = args["seq"].as<int64_t>();
-    base.model.vocab_size = args["vocab"].as<int64_t>();
-    base.model.make_vocab_size_divisible_by = 128;
-    base.model.hidden_dropout = 0.0;
-    base.model.attention_dropout = 0.0;
-    base.model.share_embeddings_and_output_weights = true;
+    ConfigContainer base = bridge::bench::gpt_bench_config(args);
     base.parallelism.tensor_model_parallel_size = args["tp"].as<int>();
     base.parallelism.pipeline_model_parallel_size = args["pp"].as<int>();
-    base.train.micro_batch_size = args["micro-batch"].as<int64_t>();
     base.train.global_batch_size =
         base.train.micro_batch_size * args["microbatches"].as<int64_t>() * base.data_parallel_size(world_size);
     base.train.train_iters = warmup + steps;
     base.train.num_threads = args["threads"].as<int>();
-    base.optimizer.clip_grad = 1.0;
 
     // A: no log step at all (log_interval past train_iters), no writers, no optional statistic.
     ConfigContainer off = base;

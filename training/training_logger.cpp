@@ -127,27 +127,9 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   std::optional<Entry> grads_entry;
   if (writers && logging.log_l2_norm_grad_to_tensorboard) {
     const auto terms = utils::local_grad_norm_squares(setup_.chunks);
-    if (grad_norm_names_.empty()) {  // once per run: the whole model's names, the same list on every rank
-      std::string mine;
-      for (const auto& term : terms) mine += term.first + '\n';
-      std::map<std::string, int> names;
-      for (const std::string& text : parallel::all_gather_strings(world, mine)) {
-        for (std::size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
-          names.emplace(text.substr(begin, end - begin), 0);
-        }
-      }
-      for (const auto& entry : names) grad_norm_names_.push_back(entry.first);
-    }
-    std::vector<double> squares(grad_norm_names_.size(), 0.0);
-    for (const auto& [name, square] : terms) {
-      const auto at = std::lower_bound(grad_norm_names_.begin(), grad_norm_names_.end(), name);
-      if (at == grad_norm_names_.end() || *at != name) {
-        throw std::logic_error("training log: parameter '" + name +
-                               "' appeared after the first log step; the model's parameters must not change during "
-                               "training");
-      }
-      squares[static_cast<std::size_t>(at - grad_norm_names_.begin())] += square;
-    }
+    // Once per run: the whole model's names, the same list on every rank.
+    if (grad_norm_names_.empty()) grad_norm_names_ = utils::gather_parameter_names(terms);
+    std::vector<double> squares = utils::align_to_names(grad_norm_names_, terms);
     grads_entry = stats.add("grad norms^2", ReduceOp::kSum, model_parallel, std::move(squares));
   }
   utils::StatReport memory;

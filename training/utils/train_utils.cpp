@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "bridge/models/gpt_model.h"
@@ -195,30 +196,46 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
   return terms;
 }
 
-StatReport report_l2_norm_grad(const ModelChunks& model) {
-  const std::vector<std::pair<std::string, double>> terms = local_grad_norm_squares(model);
-  // The whole model's names: every rank's, gathered over the world, in one sorted list that all ranks share.
+std::vector<std::string> gather_parameter_names(const std::vector<std::pair<std::string, double>>& terms) {
   std::string mine;
   for (const auto& term : terms) mine += term.first + '\n';
-  std::map<std::string, double> squares;
+  std::set<std::string> names;
   for (const std::string& text : parallel::all_gather_strings(parallel::get_world_group(), mine)) {
     for (std::size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
-      squares.emplace(text.substr(begin, end - begin), 0.0);
+      names.insert(text.substr(begin, end - begin));
     }
   }
-  for (const auto& [name, square] : terms) squares[name] += square;
-  std::vector<double> values;
-  for (const auto& entry : squares) values.push_back(entry.second);
-  torch::Tensor packed = torch::tensor(values, torch::kDouble);
+  return {names.begin(), names.end()};
+}
+
+std::vector<double> align_to_names(const std::vector<std::string>& names,
+                                   const std::vector<std::pair<std::string, double>>& terms) {
+  std::vector<double> values(names.size(), 0.0);
+  for (const auto& [name, value] : terms) {
+    const auto at = std::lower_bound(names.begin(), names.end(), name);
+    if (at == names.end() || *at != name) {
+      throw std::logic_error("parameter '" + name +
+                             "' is not among the names gathered earlier; the model's parameters must not change "
+                             "during training");
+    }
+    values[static_cast<std::size_t>(at - names.begin())] += value;
+  }
+  return values;
+}
+
+StatReport report_l2_norm_grad(const ModelChunks& model) {
+  const std::vector<std::pair<std::string, double>> terms = local_grad_norm_squares(model);
+  const std::vector<std::string> names = gather_parameter_names(terms);
+  torch::Tensor packed = torch::tensor(align_to_names(names, terms), torch::kDouble);
   parallel::get_model_parallel_group().all_reduce(packed);
 
   StatReport report;
   double total = 0.0;
   int64_t i = 0;
-  for (const auto& entry : squares) {
+  for (const std::string& name : names) {
     const double square = packed[i++].item<double>();
     total += square;
-    report.emplace_back("l2_norm/grad/" + entry.first, std::sqrt(square));
+    report.emplace_back("l2_norm/grad/" + name, std::sqrt(square));
   }
   report.emplace_back("l2_norm/grad/global", std::sqrt(total));
   return report;

@@ -83,6 +83,15 @@ StatReport report_memory(const std::optional<MemoryKeys>& memory_keys = std::nul
 /// The last stage's copy of a tied embedding has no term of its own: it is the embedding.
 std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelChunks& model);
 
+/// Collective over the world (two collectives): the names of `terms` on every rank, merged and sorted, the same list
+/// everywhere: the layout of the whole model's per-parameter values.
+std::vector<std::string> gather_parameter_names(const std::vector<std::pair<std::string, double>>& terms);
+
+/// `terms` placed at their names' positions in `names` (from gather_parameter_names), zero elsewhere. Throws
+/// std::logic_error for a name not in the list.
+std::vector<double> align_to_names(const std::vector<std::string>& names,
+                                   const std::vector<std::pair<std::string, double>>& terms);
+
 /// Collective over the model-parallel group (names gathered over the world once per call, values summed over mp):
 /// "l2_norm/grad/<name>" for every parameter of the whole model, in name order, then "l2_norm/grad/global", the norm
 /// of all of them. Differs from the reference, whose "global" re-accumulates inside the chunk loop over every value
