@@ -66,3 +66,30 @@ function(bridge_add_library name export_name)
   target_compile_features(${name} ${scope} cxx_std_17)
   set_property(GLOBAL APPEND PROPERTY BRIDGE_LIBRARIES ${name})
 endfunction()
+
+# bridge_use_system_fmt(<target>): LibTorch 2.x ships its own fmt (12) in its include directory, which comes before
+# the system's; Debian's spdlog is built against the system fmt (9) and does not compile against 12. A directory that
+# holds only a link to the system fmt, searched first, gives every file that uses <target> the fmt spdlog was built
+# with. The LibTorch headers bridge includes never include fmt (only its profiler and c10d's logging do).
+function(bridge_use_system_fmt target)
+  set(torch_fmt "")
+  get_target_property(torch_includes torch INTERFACE_INCLUDE_DIRECTORIES)
+  foreach(dir IN LISTS torch_includes)
+    if(EXISTS "${dir}/fmt/core.h")
+      set(torch_fmt "${dir}/fmt")
+    endif()
+  endforeach()
+  if(NOT torch_fmt)
+    return()
+  endif()
+  find_package(fmt REQUIRED)
+  get_target_property(fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  list(GET fmt_includes 0 fmt_include)
+  set(shim "${PROJECT_BINARY_DIR}/system_fmt")
+  file(MAKE_DIRECTORY "${shim}")
+  file(CREATE_LINK "${fmt_include}/fmt" "${shim}/fmt" SYMBOLIC)
+  message(STATUS "LibTorch ships fmt (${torch_fmt}); bridge compiles against the system's (${fmt_include}/fmt)")
+  target_include_directories(${target} BEFORE PUBLIC $<BUILD_INTERFACE:${shim}>
+                                                     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/bridge/system_fmt>)
+  install(DIRECTORY "${shim}/" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/bridge/system_fmt)
+endfunction()

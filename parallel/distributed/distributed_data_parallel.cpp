@@ -26,7 +26,8 @@ struct ParamSlot {
   torch::Tensor grad;  // the view into the grad buffer that param.grad() should be
   int64_t bucket = -1;
   bool reported = false;                               // its grad is final in the current grad sync
-  std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive so the hook stays registered across graphs
+  // Kept alive so the hook stays registered across graphs (a shared_ptr in LibTorch 1.x, an intrusive_ptr in 2.x).
+  decltype(torch::autograd::impl::grad_accumulator(std::declval<torch::Tensor>())) accumulator;
   uintptr_t hook_key = 0;
 };
 

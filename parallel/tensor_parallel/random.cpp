@@ -3,7 +3,7 @@
 #include "parallel/tensor_parallel/random.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/Context.h>
 
 #include <stdexcept>
 #include <utility>
@@ -18,7 +18,8 @@ constexpr char kCudaSuffix[] = "@cuda";
 bool has_cuda() { return torch::cuda::is_available(); }
 
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
-at::Generator cuda_generator() { return at::detail::getCUDAHooks().getDefaultCUDAGenerator(); }
+// The current device's default CUDA generator (the hooks' own accessor was renamed in LibTorch 2.x).
+at::Generator cuda_generator() { return at::globalContext().defaultGenerator(at::Device(at::kCUDA)); }
 
 torch::Tensor swap_state(at::Generator generator, const torch::Tensor& new_state) {
   std::lock_guard<std::mutex> lock(generator.mutex());
