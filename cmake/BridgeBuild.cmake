@@ -93,3 +93,23 @@ function(bridge_use_system_fmt target)
                                                      $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/bridge/system_fmt>)
   install(DIRECTORY "${shim}/" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/bridge/system_fmt)
 endfunction()
+
+# bridge_use_wheel_cuda_libraries(): a LibTorch from PyPI's torch wheel loads the CUDA runtime, cuBLAS, cuDNN and
+# NCCL it was built with from the nvidia/*/lib folders beside torch/ (its RPATH says so). The linker must resolve them
+# there too, not in a CUDA toolkit elsewhere on the machine (/usr/local/cuda's NCCL lacks symbols LibTorch needs), and
+# programs must load the wheel's CUDA runtime, not the toolkit's. Does nothing for other LibTorch builds.
+function(bridge_use_wheel_cuda_libraries)
+  get_filename_component(site_packages "${Torch_DIR}/../../../.." ABSOLUTE)
+  if(NOT IS_DIRECTORY "${site_packages}/nvidia")
+    return()
+  endif()
+  file(GLOB wheel_library_dirs LIST_DIRECTORIES true "${site_packages}/nvidia/*/lib")
+  list(JOIN wheel_library_dirs ":" rpath_link)
+  add_link_options("LINKER:-rpath-link,${rpath_link}")
+  file(GLOB wheel_cudart "${site_packages}/nvidia/*/lib/libcudart.so.[0-9]*")
+  if(wheel_cudart AND TARGET CUDA::cudart)
+    list(GET wheel_cudart 0 wheel_cudart)
+    set_target_properties(CUDA::cudart PROPERTIES IMPORTED_LOCATION "${wheel_cudart}")
+  endif()
+  message(STATUS "LibTorch's CUDA libraries: ${site_packages}/nvidia")
+endfunction()
