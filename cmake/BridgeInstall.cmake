@@ -22,4 +22,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/bridgeConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/bridgeConfig.cmake INSTALL_DESTINATION ${bridge_cmake_dir})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/bridgeConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/bridgeConfig.cmake ${PROJECT_BINARY_DIR}/bridgeConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/BridgeTorch.cmake
         DESTINATION ${bridge_cmake_dir})

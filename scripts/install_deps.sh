@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
-# Installs the Debian packages bridge needs to build, test and benchmark, then the Python tools venv (<repo>/.venv)
-# the tests read TensorBoard files with. Idempotent: packages already present are left alone and apt is not even asked
-# to refresh its lists, and an existing venv that already has its packages is not touched, so a second run takes
+# Installs the Debian packages bridge needs to build, test and benchmark, then the project's venv (<repo>/.venv) with
+# the pinned torch wheel, whose LibTorch 2.x (CUDA and NCCL inside) bridge builds against by default, and tensorboard,
+# whose reader the tests check event files with. Idempotent: packages already present are left alone and apt is not
+# even asked to refresh its lists, and a venv that already has its packages is not touched, so a second run takes
 # about a second.
 #
-# Usage: scripts/install_deps.sh            (as root, or with sudo available)
+# Usage: scripts/install_deps.sh [--libtorch=wheel|debian]     (as root, or with sudo available)
+#   --libtorch=wheel   (default) the pinned torch (torch_version below) from PyPI into .venv: ~3.5 GB with its CUDA
+#                      libraries, about a minute to download here
+#   --libtorch=debian  a light CPU-only install: Debian's LibTorch 1.13 only
+# BRIDGE_LIBTORCH=debian in the environment does the same, and makes CMake pick the system's LibTorch too, so
+# `BRIDGE_LIBTORCH=debian scripts/run.sh` is the light way through both README commands.
 set -euo pipefail
+
+torch_version=2.15.0  # the LibTorch bridge is tested against; bump together with the README
+libtorch=${BRIDGE_LIBTORCH:-wheel}
+for arg in "$@"; do
+  case "$arg" in
+    --libtorch=*) libtorch=${arg#--libtorch=} ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "install_deps: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+if [[ $libtorch == system ]]; then libtorch=debian; fi
+if [[ $libtorch != wheel && $libtorch != debian ]]; then
+  echo "install_deps: --libtorch must be wheel or debian, got '$libtorch'" >&2
+  exit 2
+fi
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev          # LibTorch 1.13: tensors, autograd, c10d (Gloo)
+  libtorch-dev          # LibTorch 1.13 (CPU): the light install, and CI keeps bridge building against it
   libgloo-dev           # Gloo headers that c10d's ProcessGroupGloo exposes
   libopenblas0-pthread  # replaces reference BLAS behind libblas.so.3: ~15x faster CPU matmuls
   libopenmpi-dev openmpi-bin  # mpirun launch and the MPI rank/address bootstrap
@@ -25,17 +46,24 @@ packages=(
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# The venv with the independent readers the tests compare against (tensorboard's EventAccumulator). It sees the
-# system site-packages so that Debian's torch and numpy stay usable from it.
-install_tools_venv() {
+# The venv: the torch wheel (LibTorch for the build, and the Python PyTorch the benchmarks compare against) and the
+# independent readers the tests compare against (tensorboard's EventAccumulator). It sees the system site-packages so
+# that Debian's numpy (and, in a debian install, Debian's torch) stay usable from it.
+install_venv() {
   local venv="$repo_root/.venv"
-  if [[ -x "$venv/bin/python3" ]] && "$venv/bin/python3" -c "import tensorboard" 2>/dev/null; then
-    echo "install_deps: $venv already has tensorboard"
+  local wanted=(tensorboard)
+  local check="import tensorboard"
+  if [[ $libtorch == wheel ]]; then
+    wanted+=("torch==$torch_version")
+    check+="; import torch; assert torch.__version__.split('+')[0] == '$torch_version'"
+  fi
+  if [[ -x "$venv/bin/python3" ]] && "$venv/bin/python3" -c "$check" 2>/dev/null; then
+    echo "install_deps: $venv already has ${wanted[*]}"
     return
   fi
-  echo "install_deps: creating $venv with tensorboard"
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/pip" install -q tensorboard
+  echo "install_deps: installing ${wanted[*]} into $venv"
+  [[ -x "$venv/bin/python3" ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${wanted[@]}"
 }
 
 missing=()
@@ -47,7 +75,7 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install_deps: all ${#packages[@]} packages already installed"
-  install_tools_venv
+  install_venv
   exit 0
 fi
 
@@ -61,4 +89,4 @@ echo "install_deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-install_tools_venv
+install_venv

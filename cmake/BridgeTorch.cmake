@@ -1,0 +1,83 @@
+# Which LibTorch bridge builds against, and what a LibTorch from PyPI's torch wheel needs besides.
+#
+# BRIDGE_LIBTORCH=auto (default) takes the torch wheel in <repo>/.venv when scripts/install_deps.sh installed it
+# (LibTorch 2.x with CUDA and NCCL), else the system's (Debian's libtorch-dev 1.13, or whatever CMAKE_PREFIX_PATH or
+# Torch_DIR names, e.g. another Python's `torch.utils.cmake_prefix_path`). `wheel` and `system` force one.
+# BRIDGE_LIBTORCH in the environment (as scripts/install_deps.sh reads it; `debian` means `system`) sets the default.
+set(bridge_libtorch_default "$ENV{BRIDGE_LIBTORCH}")
+if(bridge_libtorch_default STREQUAL "debian")
+  set(bridge_libtorch_default "system")
+elseif(NOT bridge_libtorch_default)
+  set(bridge_libtorch_default "auto")
+endif()
+set(BRIDGE_LIBTORCH "${bridge_libtorch_default}" CACHE STRING "LibTorch to build against: auto, wheel (<repo>/.venv) or system")
+set_property(CACHE BRIDGE_LIBTORCH PROPERTY STRINGS auto wheel system)
+
+# bridge_find_torch(): find_package(Torch) for the chosen LibTorch, then the fixes below.
+macro(bridge_find_torch)
+  file(GLOB bridge_wheel_torch_dir "${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/torch/share/cmake/Torch")
+  if(BRIDGE_LIBTORCH STREQUAL "wheel" AND NOT bridge_wheel_torch_dir)
+    message(FATAL_ERROR "BRIDGE_LIBTORCH=wheel, but ${PROJECT_SOURCE_DIR}/.venv has no torch wheel: run "
+                        "scripts/install_deps.sh (without --libtorch=debian), or configure with -DBRIDGE_LIBTORCH=system")
+  elseif(NOT BRIDGE_LIBTORCH MATCHES "^(auto|wheel|system)$")
+    message(FATAL_ERROR "BRIDGE_LIBTORCH='${BRIDGE_LIBTORCH}' is not one of auto, wheel, system")
+  endif()
+  if(bridge_wheel_torch_dir AND NOT BRIDGE_LIBTORCH STREQUAL "system")
+    list(GET bridge_wheel_torch_dir 0 Torch_DIR)
+    find_package(Torch REQUIRED PATHS "${Torch_DIR}" NO_DEFAULT_PATH)
+    set(bridge_libtorch_origin "the torch wheel in .venv")
+  else()
+    find_package(Torch REQUIRED)
+    set(bridge_libtorch_origin "the system")
+  endif()
+  message(STATUS "bridge: LibTorch ${Torch_VERSION} from ${bridge_libtorch_origin} (${Torch_DIR})")
+  bridge_use_wheel_cuda_libraries()
+endmacro()
+
+# bridge_use_system_fmt(<target>): LibTorch 2.x ships its own fmt (12) in its include directory, which comes before
+# the system's; Debian's spdlog is built against the system fmt (9) and does not compile against 12. A directory that
+# holds only a link to the system fmt, searched first, gives every file that uses <target> the fmt spdlog was built
+# with. The LibTorch headers bridge includes never include fmt (only its profiler and c10d's logging do).
+function(bridge_use_system_fmt target)
+  set(torch_fmt "")
+  get_target_property(torch_includes torch INTERFACE_INCLUDE_DIRECTORIES)
+  foreach(dir IN LISTS torch_includes)
+    if(EXISTS "${dir}/fmt/core.h")
+      set(torch_fmt "${dir}/fmt")
+    endif()
+  endforeach()
+  if(NOT torch_fmt)
+    return()
+  endif()
+  find_package(fmt REQUIRED)
+  get_target_property(fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+  list(GET fmt_includes 0 fmt_include)
+  set(shim "${PROJECT_BINARY_DIR}/system_fmt")
+  file(MAKE_DIRECTORY "${shim}")
+  file(CREATE_LINK "${fmt_include}/fmt" "${shim}/fmt" SYMBOLIC)
+  message(STATUS "LibTorch ships fmt (${torch_fmt}); bridge compiles against the system's (${fmt_include}/fmt)")
+  target_include_directories(${target} BEFORE PUBLIC $<BUILD_INTERFACE:${shim}>
+                                                     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/bridge/system_fmt>)
+  install(DIRECTORY "${shim}/" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/bridge/system_fmt)
+endfunction()
+
+# bridge_use_wheel_cuda_libraries(): a LibTorch from PyPI's torch wheel loads the CUDA runtime, cuBLAS, cuDNN and
+# NCCL it was built with from the nvidia/*/lib folders beside torch/ (its RPATH says so). The linker must resolve them
+# there too, not in a CUDA toolkit elsewhere on the machine (/usr/local/cuda's NCCL lacks symbols LibTorch needs), and
+# programs must load the wheel's CUDA runtime, not the toolkit's. Does nothing for other LibTorch builds.
+# bridgeConfig.cmake calls it too, for projects that link the installed bridge.
+function(bridge_use_wheel_cuda_libraries)
+  get_filename_component(site_packages "${Torch_DIR}/../../../.." ABSOLUTE)
+  if(NOT IS_DIRECTORY "${site_packages}/nvidia")
+    return()
+  endif()
+  file(GLOB wheel_library_dirs LIST_DIRECTORIES true "${site_packages}/nvidia/*/lib")
+  list(JOIN wheel_library_dirs ":" rpath_link)
+  set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_OPTIONS "LINKER:-rpath-link,${rpath_link}")
+  file(GLOB wheel_cudart "${site_packages}/nvidia/*/lib/libcudart.so.[0-9]*")
+  if(wheel_cudart AND TARGET CUDA::cudart)
+    list(GET wheel_cudart 0 wheel_cudart)
+    set_target_properties(CUDA::cudart PROPERTIES IMPORTED_LOCATION "${wheel_cudart}")
+  endif()
+  message(STATUS "LibTorch's CUDA libraries: ${site_packages}/nvidia")
+endfunction()
