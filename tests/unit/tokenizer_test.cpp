@@ -30,8 +30,10 @@ TEST(ByteLevelTokenizerTest, BytesAreIdsAndEodIs256) {
 }
 
 TEST(UnicodeClassesTest, LettersNumbersAndWhitespaceOfEveryScript) {
-  for (const char32_t c : {U'a', U'Z', U'é', U'ß', U'Ж', U'中', U'ا', U'ℵ'}) EXPECT_TRUE(is_unicode_letter(c)) << c;
-  for (const char32_t c : {U'0', U'9', U'½', U'²', U'٣', U'Ⅻ'}) EXPECT_TRUE(is_unicode_number(c)) << c;
+  for (const char32_t c : {U'a', U'Z', U'é', U'ß', U'Ж', U'中', U'ا', U'ℵ'})
+    EXPECT_TRUE(is_unicode_letter(c)) << static_cast<int>(c);
+  for (const char32_t c : {U'0', U'9', U'½', U'²', U'٣', U'Ⅻ'})
+    EXPECT_TRUE(is_unicode_number(c)) << static_cast<int>(c);
   for (const char32_t c : {U' ', U'\t', U'\n', U'\r', U'\v', U'\f', U'\u00A0', U'\u2003', U'\u3000'}) {
     EXPECT_TRUE(is_unicode_whitespace(c)) << static_cast<int>(c);
   }
