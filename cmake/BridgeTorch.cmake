@@ -3,18 +3,28 @@
 # BRIDGE_LIBTORCH=auto (default) takes the torch wheel in <repo>/.venv when scripts/install_deps.sh installed it
 # (LibTorch 2.x with CUDA and NCCL), else the system's (Debian's libtorch-dev 1.13, or whatever CMAKE_PREFIX_PATH or
 # Torch_DIR names, e.g. another Python's `torch.utils.cmake_prefix_path`). `wheel` and `system` force one.
-# BRIDGE_LIBTORCH in the environment (as scripts/install_deps.sh reads it; `debian` means `system`) sets the default.
-set(bridge_libtorch_default "$ENV{BRIDGE_LIBTORCH}")
-if(bridge_libtorch_default STREQUAL "debian")
-  set(bridge_libtorch_default "system")
-elseif(NOT bridge_libtorch_default)
-  set(bridge_libtorch_default "auto")
-endif()
-set(BRIDGE_LIBTORCH "${bridge_libtorch_default}" CACHE STRING "LibTorch to build against: auto, wheel (<repo>/.venv) or system")
-set_property(CACHE BRIDGE_LIBTORCH PROPERTY STRINGS auto wheel system)
+
+# bridge_pin_caffe2_dir(<torch-dir>): TorchConfig finds its Caffe2 package by an ordinary search, which prefers the
+# system's (Debian's 1.13) over the one beside it; a wheel's Torch must get the wheel's Caffe2. bridgeConfig.cmake
+# calls it too.
+macro(bridge_pin_caffe2_dir torch_dir)
+  if(NOT Caffe2_DIR AND EXISTS "${torch_dir}/../Caffe2/Caffe2Config.cmake")
+    get_filename_component(Caffe2_DIR "${torch_dir}/../Caffe2" ABSOLUTE)
+  endif()
+endmacro()
 
 # bridge_find_torch(): find_package(Torch) for the chosen LibTorch, then the fixes below.
 macro(bridge_find_torch)
+  # BRIDGE_LIBTORCH in the environment (as scripts/install_deps.sh reads it; `debian` means `system`) sets the default.
+  set(bridge_libtorch_default "$ENV{BRIDGE_LIBTORCH}")
+  if(bridge_libtorch_default STREQUAL "debian")
+    set(bridge_libtorch_default "system")
+  elseif(NOT bridge_libtorch_default)
+    set(bridge_libtorch_default "auto")
+  endif()
+  set(BRIDGE_LIBTORCH "${bridge_libtorch_default}"
+      CACHE STRING "LibTorch to build against: auto, wheel (<repo>/.venv) or system")
+  set_property(CACHE BRIDGE_LIBTORCH PROPERTY STRINGS auto wheel system)
   file(GLOB bridge_wheel_torch_dir "${PROJECT_SOURCE_DIR}/.venv/lib/python3*/site-packages/torch/share/cmake/Torch")
   if(BRIDGE_LIBTORCH STREQUAL "wheel" AND NOT bridge_wheel_torch_dir)
     message(FATAL_ERROR "BRIDGE_LIBTORCH=wheel, but ${PROJECT_SOURCE_DIR}/.venv has no torch wheel: run "
@@ -24,6 +34,7 @@ macro(bridge_find_torch)
   endif()
   if(bridge_wheel_torch_dir AND NOT BRIDGE_LIBTORCH STREQUAL "system")
     list(GET bridge_wheel_torch_dir 0 Torch_DIR)
+    bridge_pin_caffe2_dir("${Torch_DIR}")
     find_package(Torch REQUIRED PATHS "${Torch_DIR}" NO_DEFAULT_PATH)
     set(bridge_libtorch_origin "the torch wheel in .venv")
   else()

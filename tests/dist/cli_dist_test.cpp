@@ -146,7 +146,7 @@ TEST_F(Cli, MpirunFourRanksWithTensorAndPipelineParallelOverrides) {
 
 TEST_F(Cli, TorchrunTwoDataParallelRanks) {
   const RankResult result =
-      run(quick(), {"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
+      run(quick(), {BRIDGE_TORCHRUN, "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
                     "--master_addr=127.0.0.1", "--master_port=" + std::to_string(utils::find_free_port())});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count(result.output, "tp=1 pp=1 dp=2"), 1) << result.output;

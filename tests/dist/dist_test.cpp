@@ -69,7 +69,8 @@ TEST(Distributed, StalledRankFailsTheOthersOnceTheTimeoutPasses) {
 }
 
 // The same binary under the real launchers, unchanged. mpirun passes no MASTER_ADDR, so the rendezvous address
-// comes from the MPI bootstrap; Debian's torchrun 1.13 hosts the store in its agent, so rank 0 connects as a client.
+// comes from the MPI bootstrap; torchrun (the one of the LibTorch the build uses) hosts the store in its agent, so rank
+// 0 connects as a client.
 int count_ok_lines(const std::string& output, const std::string& launcher) {
   int count = 0;
   for (std::size_t at = output.find(launcher); at != std::string::npos; at = output.find(launcher, at + 1)) {
@@ -88,11 +89,12 @@ TEST(Launchers, MpirunFourRanksTp2Pp2) {
 }
 
 TEST(Launchers, TorchrunTwoRanksTp2) {
-  // Debian's torchrun fails under Python 3.11 with its default redirects; explicit per-rank mappings avoid it.
-  const RankResult result = run_command(
-      {"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1", "--master_addr=127.0.0.1",
-       "--master_port=" + std::to_string(utils::find_free_port()), kWorker, "groups", "2", "1"},
-      std::chrono::seconds(180));
+  // Debian's torchrun 1.13 fails under Python 3.11 with its default redirects; explicit per-rank mappings avoid it.
+  const RankResult result =
+      run_command({BRIDGE_TORCHRUN, "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
+                   "--master_addr=127.0.0.1", "--master_port=" + std::to_string(utils::find_free_port()), kWorker,
+                   "groups", "2", "1"},
+                  std::chrono::seconds(180));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count_ok_lines(result.output, "(torchrun, agent store)"), 2) << result.output;
 }

@@ -213,7 +213,7 @@ TEST(GptLaunchers, MpirunFourRanksTp2Pp2StopsTogether) {
 // Under Debian's torchrun (agent-hosted store), with an interleaved pipeline.
 TEST(GptLaunchers, TorchrunTwoRanksInterleavedPipeline) {
   const RankResult result =
-      run_command({"torchrun", "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
+      run_command({BRIDGE_TORCHRUN, "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
                    "--master_addr=127.0.0.1", "--master_port=" + std::to_string(utils::find_free_port()),
                    BRIDGE_PRETRAIN_GPT, "--pp", "2", "--vpp", "2", "--train-iters", "4", "--threads", "1"},
                   std::chrono::seconds(240));
