@@ -54,6 +54,13 @@ void write_rank_state(const PretrainSetup& setup, int64_t iteration, const fs::p
   }
   torch::serialize::OutputArchive optimizer;
   setup.optimizer->save(optimizer);
+  if (setup.mixed_precision) {
+    // Megatron's fp32_from_fp16_params: the fp32 main params, which the bf16/fp16 model only rounds.
+    const std::vector<torch::Tensor>& main_params = setup.mixed_precision->main_params();
+    for (std::size_t i = 0; i < main_params.size(); ++i) {
+      optimizer.write("fp32_from_fp16_params/" + std::to_string(i), main_params[i].detach());
+    }
+  }
   archive.write("optimizer", optimizer);
   const TrainState& train_state = setup.state.train_state;
   archive.write("iteration", torch::tensor(iteration, torch::kLong));

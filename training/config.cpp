@@ -16,6 +16,21 @@ std::string str(int64_t value) { return std::to_string(value); }
 
 }  // namespace
 
+void apply_mixed_precision_recipe(MixedPrecisionConfig& config, const std::string& name) {
+  MixedPrecisionConfig recipe;  // the defaults: fp32
+  if (name == "bf16_mixed") {
+    recipe.bf16 = true;
+    recipe.grad_reduce_in_fp32 = true;
+  } else if (name == "fp16_mixed") {
+    recipe.fp16 = true;
+    recipe.grad_reduce_in_fp32 = false;  // as Megatron-Bridge's fp16_mixed
+  } else if (name != "fp32") {
+    throw std::invalid_argument("mixed_precision: unknown recipe '" + name +
+                                "'; use bf16_mixed, fp16_mixed or fp32, or set mixed_precision.bf16 / .fp16");
+  }
+  config = recipe;
+}
+
 int ConfigContainer::data_parallel_size(int world_size) const {
   return world_size / (parallelism.tensor_model_parallel_size * parallelism.pipeline_model_parallel_size);
 }
@@ -92,6 +107,16 @@ void ConfigContainer::validate(int world_size) const {
   require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
   require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
           "checkpoint.save_interval is set but checkpoint.save (the directory) is empty; set both or neither");
+  const MixedPrecisionConfig& mp = mixed_precision;
+  require(!(mp.bf16 && mp.fp16), "mixed_precision.bf16 and mixed_precision.fp16 are both true; choose one");
+  if (mp.loss_scale) {
+    require(*mp.loss_scale > 0, "mixed_precision.loss_scale must be > 0 when set (unset = dynamic loss scaling)");
+  }
+  require(mp.initial_loss_scale > 0 && mp.min_loss_scale > 0 && mp.min_loss_scale <= mp.initial_loss_scale,
+          "mixed_precision needs 0 < min_loss_scale <= initial_loss_scale (Megatron: 1 and 2^32)");
+  require(mp.loss_scale_window >= 1,
+          "mixed_precision.loss_scale_window must be >= 1, got " + str(mp.loss_scale_window));
+  require(mp.hysteresis >= 1, "mixed_precision.hysteresis must be >= 1, got " + str(mp.hysteresis));
   if (!dataset.data_path.empty() && !dataset.provider) {
     datasets::parse_split(dataset.split);  // throws naming dataset.split
     require(rng.seed <= 0xFFFFFFFFULL, "rng.seed (" + std::to_string(rng.seed) +

@@ -1,6 +1,6 @@
 // ConfigContainer: everything pretrain() needs, in Megatron-Bridge's sections (model, train, optimizer, scheduler,
-// parallelism, ddp, dataset, logging, rng, checkpoint). validate() checks it all up front, before any rank builds
-// anything, and every error names the field and the fix:
+// parallelism, ddp, dataset, logging, rng, checkpoint, mixed_precision). validate() checks it all up front, before any
+// rank builds anything, and every error names the field and the fix:
 //   "train.global_batch_size (30) must be divisible by train.micro_batch_size (4) x data-parallel size (2)".
 //
 //   ConfigContainer config;
@@ -98,6 +98,30 @@ struct RNGConfig {
   uint64_t seed = 1234;  ///< data order of the mock data, dropout (+100 per pipeline rank, as Megatron)
 };
 
+/// Megatron-Bridge's MixedPrecisionConfig (Megatron's --bf16/--fp16 and loss-scale flags). Parameters and compute
+/// in bf16 or fp16; fp32 main gradients (grad_reduce_in_fp32) and fp32 master weights in the optimizer; fp16 adds
+/// loss scaling. The recipes bf16_mixed / fp16_mixed / fp32 set it as Megatron-Bridge's do
+/// (apply_mixed_precision_recipe; YAML `mixed_precision: bf16_mixed`).
+struct MixedPrecisionConfig {
+  bool bf16 = false;  ///< parameters and compute in bfloat16
+  bool fp16 = false;  ///< parameters and compute in float16, with loss scaling
+  /// Accumulate and all-reduce the gradients in an fp32 buffer (Megatron's main_grad). Copied into
+  /// ddp.grad_reduce_in_fp32 when bf16 or fp16 is on.
+  bool grad_reduce_in_fp32 = true;
+  /// fp16: a static loss scale; unset = dynamic loss scaling from initial_loss_scale.
+  std::optional<double> loss_scale;
+  double initial_loss_scale = 4294967296.0;  ///< 2^32
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;  ///< clean steps before the dynamic scale doubles
+  int64_t hysteresis = 2;            ///< overflowing steps tolerated before the scale halves
+
+  bool enabled() const { return bf16 || fp16; }
+};
+
+/// Sets `config` to Megatron-Bridge's recipe `name`: "bf16_mixed", "fp16_mixed" or "fp32". Throws
+/// std::invalid_argument listing the names otherwise.
+void apply_mixed_precision_recipe(MixedPrecisionConfig& config, const std::string& name);
+
 struct CheckpointConfig {
   std::string save;           ///< directory for checkpoints; empty = never save
   int64_t save_interval = 0;  ///< save every this many steps (0: only at the end and on request)
@@ -114,6 +138,7 @@ struct ConfigContainer {
   LoggingConfig logging;
   RNGConfig rng;
   CheckpointConfig checkpoint;
+  MixedPrecisionConfig mixed_precision;
 
   /// Checks every section for a job of `world_size` ranks; throws std::invalid_argument naming the field.
   void validate(int world_size) const;

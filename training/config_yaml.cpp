@@ -314,6 +314,9 @@ const std::vector<Field>& fields() {
             "false: pre-scale gradients by 1/dp, then sum (Megatron's default)."),
       field("ddp.bucket_size", &C::ddp, &DistributedDataParallelConfig::bucket_size,
             "Elements per gradient bucket; 0 = max(40M, 1M x dp)."),
+      field("ddp.grad_reduce_in_fp32", &C::ddp, &DistributedDataParallelConfig::grad_reduce_in_fp32,
+            "Gradient buffer in fp32 for bf16/fp16 parameters; set from mixed_precision.grad_reduce_in_fp32 "
+            "when bf16 or fp16 is on."),
 
       field("dataset.data_path", &C::dataset, &DatasetConfig::data_path,
             "Megatron .bin/.idx path prefixes to train on; empty = mock data (random tokens)."),
@@ -357,6 +360,24 @@ const std::vector<Field>& fields() {
             "Directory for checkpoints; empty = never save."),
       field("checkpoint.save_interval", &C::checkpoint, &CheckpointConfig::save_interval,
             "Save every this many steps; 0 = only at the end (when checkpoint.save is set)."),
+
+      field("mixed_precision.bf16", &C::mixed_precision, &MixedPrecisionConfig::bf16,
+            "Parameters and compute in bfloat16, fp32 master weights in the optimizer. `mixed_precision: "
+            "bf16_mixed` (or fp16_mixed, fp32) sets the whole section as Megatron-Bridge's recipes."),
+      field("mixed_precision.fp16", &C::mixed_precision, &MixedPrecisionConfig::fp16,
+            "Parameters and compute in float16 with loss scaling, fp32 master weights in the optimizer."),
+      field("mixed_precision.grad_reduce_in_fp32", &C::mixed_precision, &MixedPrecisionConfig::grad_reduce_in_fp32,
+            "With bf16/fp16: accumulate and all-reduce gradients in fp32 (sets ddp.grad_reduce_in_fp32)."),
+      field("mixed_precision.loss_scale", &C::mixed_precision, &MixedPrecisionConfig::loss_scale,
+            "fp16: a static loss scale; null = dynamic loss scaling."),
+      field("mixed_precision.initial_loss_scale", &C::mixed_precision, &MixedPrecisionConfig::initial_loss_scale,
+            "fp16: the dynamic loss scale's start (2^32)."),
+      field("mixed_precision.min_loss_scale", &C::mixed_precision, &MixedPrecisionConfig::min_loss_scale,
+            "fp16: the dynamic loss scale never halves below this."),
+      field("mixed_precision.loss_scale_window", &C::mixed_precision, &MixedPrecisionConfig::loss_scale_window,
+            "fp16: clean steps before the dynamic loss scale doubles."),
+      field("mixed_precision.hysteresis", &C::mixed_precision, &MixedPrecisionConfig::hysteresis,
+            "fp16: overflowing steps tolerated before the dynamic loss scale halves."),
   };
   return table;
 }
@@ -474,6 +495,14 @@ void apply_map(ConfigContainer& config, const YAML::Node& map, const std::string
     if (const Field* f = find_field(path)) {
       if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
       set_field(*f, config, value, source);
+    } else if (path == "mixed_precision" && value.IsScalar()) {
+      // Megatron-Bridge's ConfigContainer.mixed_precision also takes a recipe name.
+      if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
+      try {
+        apply_mixed_precision_recipe(config.mixed_precision, value.Scalar());
+      } catch (const std::invalid_argument& error) {
+        throw ConfigError(source.at(value) + ": " + error.what());
+      }
     } else if (is_section(path)) {
       if (is_null(value)) continue;  // a section with every key commented out
       if (!value.IsMap()) {

@@ -111,15 +111,28 @@ void build(PretrainSetup& setup) {
   setup.tensor_shape = {config.model.seq_length, config.train.micro_batch_size, config.model.hidden_size};
 
   setup.model = models::build_gpt_model(config.model);
+  // Built in fp32 from the seeded master init, then cast: every layout and precision starts from the same model.
+  // Module::to keeps each parameter's TensorImpl, so its model-parallel attributes stay attached.
+  const MixedPrecisionConfig& mp = config.mixed_precision;
+  if (mp.enabled()) {
+    for (models::GPTModel& chunk : setup.model) chunk->to(params_dtype(mp));
+  }
+  parallel::distributed::DistributedDataParallelConfig ddp_config = config.ddp;
+  if (mp.enabled()) ddp_config.grad_reduce_in_fp32 = mp.grad_reduce_in_fp32;  // as Megatron-Bridge's setup
   for (models::GPTModel& chunk : setup.model) {
     setup.chunks.push_back(chunk.ptr());
-    setup.ddp.push_back(std::make_unique<parallel::distributed::DistributedDataParallel>(chunk.ptr(), config.ddp));
+    setup.ddp.push_back(std::make_unique<parallel::distributed::DistributedDataParallel>(chunk.ptr(), ddp_config));
     for (const torch::Tensor& param : chunk->parameters()) {
       if (param.requires_grad()) setup.params.push_back(param);
     }
   }
   setup.embedding_weights = models::embedding_group_weights(setup.model);
-  setup.optimizer = build_optimizer(config.optimizer, setup.params);
+  if (mp.enabled()) {
+    setup.mixed_precision = std::make_unique<MixedPrecision>(mp, setup.params);
+    setup.optimizer = build_optimizer(config.optimizer, setup.mixed_precision->main_params());
+  } else {
+    setup.optimizer = build_optimizer(config.optimizer, setup.params);
+  }
   setup.scheduler = std::make_unique<OptimizerParamScheduler>(*setup.optimizer, scheduler_options(config));
   setup.logger = std::make_unique<TrainingLogger>(setup);
 

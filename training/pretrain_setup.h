@@ -15,6 +15,7 @@
 #include "training/config.h"
 #include "training/data.h"
 #include "training/forward_step.h"
+#include "training/mixed_precision.h"
 #include "training/optimizer_param_scheduler.h"
 #include "training/state.h"
 #include "training/training_logger.h"
@@ -32,7 +33,9 @@ struct PretrainSetup {
   std::vector<std::unique_ptr<parallel::distributed::DistributedDataParallel>> ddp;  // one per chunk
   std::vector<torch::Tensor> params;             // every trainable parameter of this rank
   std::vector<torch::Tensor> embedding_weights;  // summed over the embedding group (pp > 1)
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  /// bf16/fp16: the fp32 main params the optimizer steps on, and the fp16 loss scaler; null in fp32.
+  std::unique_ptr<MixedPrecision> mixed_precision;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  // over the fp32 main params under mixed precision
   std::unique_ptr<OptimizerParamScheduler> scheduler;
 
   int world_size = 1;

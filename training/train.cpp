@@ -31,12 +31,19 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
   }
   options.num_microbatches = setup.num_microbatches;
   options.tensor_shape = setup.tensor_shape;
+  options.dtype = params_dtype(setup.config.mixed_precision);  // activations travel in the model's dtype
   options.forward_only = forward_only;
   options.microbatch_group_size_per_vp_stage = setup.config.parallelism.microbatch_group_size_per_vp_stage;
   if (!forward_only) {
     options.set_grad_sync = [&](bool enabled) {
       for (auto& ddp : setup.ddp) ddp->set_grad_sync(enabled);
     };
+    if (setup.mixed_precision && setup.mixed_precision->grad_scaler() != nullptr) {
+      // fp16: the loss is multiplied by the current scale before its backward; the grads are unscaled after.
+      options.grad_scale_func = [&setup](const torch::Tensor& loss) {
+        return loss * setup.mixed_precision->loss_scale();
+      };
+    }
     options.finalize_model_grads = [&] {
       std::vector<parallel::distributed::DistributedDataParallel*> chunks;
       for (auto& ddp : setup.ddp) chunks.push_back(ddp.get());
@@ -120,6 +127,7 @@ namespace {
 struct StepOutcome {
   LossDict loss_dict;
   double grad_norm = 0.0;
+  bool skipped_iter = false;  // fp16: an inf/nan gradient; no update (grad_norm stays 0)
 };
 
 // Megatron's train_step: gradients over all micro-batches, reduced and clipped, then the update.
@@ -127,8 +135,17 @@ StepOutcome train_step(PretrainSetup& setup) {
   for (auto& ddp : setup.ddp) ddp->zero_grad_buffer();
   const auto reported = forward_backward(setup, setup.train_data, /*forward_only=*/false);
   StepOutcome outcome;
+  // Megatron's mixed-precision optimizer: the fp32 main params take the fp32 main grads (unscaled for fp16); an
+  // overflow agreed across the model-parallel group skips the update on every rank.
+  MixedPrecision* mp = setup.mixed_precision.get();
+  if (mp != nullptr && mp->copy_main_grads_and_unscale()) {
+    outcome.skipped_iter = true;
+    outcome.loss_dict = reduce_losses(setup, reported);
+    return outcome;
+  }
+  const std::vector<torch::Tensor>& grad_params = mp != nullptr ? mp->main_params() : setup.params;
   const double clip = setup.config.optimizer.clip_grad;
-  outcome.grad_norm = clip > 0.0 ? clip_grad_norm(setup.params, clip) : get_grad_norm_fp32(setup.params);
+  outcome.grad_norm = clip > 0.0 ? clip_grad_norm(grad_params, clip) : get_grad_norm_fp32(grad_params);
   // The norm is reduced over the model-parallel group and equal on every rank, so all of them stop here together.
   if (setup.config.train.check_for_nan_in_loss_and_grad && !std::isfinite(outcome.grad_norm)) {
     throw std::runtime_error("the gradient norm is " + std::to_string(outcome.grad_norm) + " at step " +
@@ -138,6 +155,7 @@ StepOutcome train_step(PretrainSetup& setup) {
   }
   setup.fire_training(Event::kOptimizerStepStart, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
   setup.optimizer->step();
+  if (mp != nullptr) mp->copy_main_params_to_model_params();
   setup.fire_training(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
   setup.scheduler->step(setup.config.train.global_batch_size);
   outcome.loss_dict = reduce_losses(setup, reported);
@@ -191,13 +209,13 @@ void train(PretrainSetup& setup) {
     setup.fire_training(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
       ctx.loss_dict = outcome.loss_dict;
       ctx.grad_norm = outcome.grad_norm;
-      ctx.skipped_iter = false;
+      ctx.skipped_iter = outcome.skipped_iter;
     });
     train_state.step += 1;
     train_state.consumed_train_samples += config.train.global_batch_size;
     // A log step shares the statistics and the control requests made so far in one collective.
     const std::optional<LoggedStep> logged =
-        setup.logger->after_step(outcome.loss_dict, outcome.grad_norm, /*skipped_iter=*/false);
+        setup.logger->after_step(outcome.loss_dict, outcome.grad_norm, outcome.skipped_iter);
 
     const bool evaluate_now =
         train_state.do_valid && config.train.eval_interval > 0 && train_state.step % config.train.eval_interval == 0;

@@ -169,9 +169,10 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   }
   record.metrics["batch-size"] = static_cast<double>(config.train.global_batch_size);
   for (const auto& [key, value] : loss_dict) record.metrics[key] = value.item<double>();
-  if (logging.log_loss_scale_to_tensorboard) record.metrics["loss-scale"] = 1.0;  // fp32: no loss scaling
+  const double loss_scale = setup_.mixed_precision ? setup_.mixed_precision->loss_scale() : 1.0;
+  if (logging.log_loss_scale_to_tensorboard) record.metrics["loss-scale"] = loss_scale;
   if (logging.log_world_size_to_tensorboard) record.metrics["world-size"] = setup_.world_size;
-  record.metrics["grad-norm"] = reduced_grad_norm;
+  if (!skipped_iter) record.metrics["grad-norm"] = reduced_grad_norm;  // a skipped step has none (Megatron: None)
   if (params_norm) record.metrics["params-norm"] = *params_norm;
   const auto add_report = [&record](const utils::StatReport& report) {
     for (const auto& [name, value] : report) record.metrics[name] = utils::to_double(value);
@@ -234,7 +235,8 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
       line.skipped_samples = train_state.skipped_train_samples;
       line.learning_rate = learning_rate;
       line.global_batch_size = config.train.global_batch_size;
-      line.grad_norm = reduced_grad_norm;
+      if (!skipped_iter) line.grad_norm = reduced_grad_norm;
+      line.loss_scale = loss_scale;
       line.params_norm = params_norm;
       line.extra = record.text;
       bridge::utils::log_info_on_this_rank(utils::format_log_line(line, total_loss_dict_));

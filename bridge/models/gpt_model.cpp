@@ -85,7 +85,10 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   torch::Tensor logits =
       torch::linear(tp::copy_to_tensor_model_parallel_region(hidden), shared_embedding_or_output_weight());
   if (!labels.defined()) return logits.transpose(0, 1);
-  return tp::vocab_parallel_cross_entropy(logits, labels.transpose(0, 1)).transpose(0, 1).contiguous();
+  // Cross entropy on fp32 logits also for a bf16/fp16 model, as Megatron (fp16_lm_cross_entropy off).
+  return tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat32), labels.transpose(0, 1))
+      .transpose(0, 1)
+      .contiguous();
 }
 
 torch::Tensor GPTModelImpl::shared_embedding_or_output_weight() const {

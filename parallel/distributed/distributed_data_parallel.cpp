@@ -2,7 +2,8 @@
 // all-reduce once its grads are final. LibTorch's AccumulateGrad adds a new gradient into a defined .grad in place
 // when grad mode is off (every first-order backward), so a .grad that is a view into the buffer keeps receiving the
 // gradients; a hook on the same accumulator then knows the parameter's gradient for this backward is complete (the
-// approach of PyTorch's C++ Reducer).
+// approach of PyTorch's C++ Reducer). A bf16/fp16 parameter whose buffer is fp32 (grad_reduce_in_fp32) cannot have a
+// grad of another dtype, so there the hook adds param.grad into the buffer and drops it, as Megatron's main_grad.
 #include "parallel/distributed/distributed_data_parallel.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -23,9 +24,10 @@ namespace {
 
 struct ParamSlot {
   torch::Tensor param;
-  torch::Tensor grad;  // the view into the grad buffer that param.grad() should be
+  torch::Tensor grad;     // the view into the grad buffer: param.grad() itself, or its main_grad when `separate`
+  bool separate = false;  // the buffer's dtype differs from the param's: grads are added in, param.grad dropped
   int64_t bucket = -1;
-  bool reported = false;                               // its grad is final in the current grad sync
+  bool reported = false;  // its grad is final in the current grad sync
   // Kept alive so the hook stays registered across graphs (a shared_ptr in LibTorch 1.x, an intrusive_ptr in 2.x).
   decltype(torch::autograd::impl::grad_accumulator(std::declval<torch::Tensor>())) accumulator;
   uintptr_t hook_key = 0;
@@ -38,6 +40,17 @@ struct Bucket {
   bool started = false;
   Work work;
 };
+
+// Megatron's param.main_grad: C++ tensors have no attribute slots, so a registry keyed by the TensorImpl (as
+// param_attributes) maps each wrapped parameter to its view into the grad buffer.
+std::mutex& main_grad_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<const c10::TensorImpl*, torch::Tensor>& main_grads() {
+  static std::unordered_map<const c10::TensorImpl*, torch::Tensor> registry;
+  return registry;
+}
 
 std::string describe_param(std::size_t index, const torch::Tensor& param) {
   return "parameter #" + std::to_string(index) + " (shape " + c10::str(param.sizes()) + ")";
@@ -55,6 +68,7 @@ struct DistributedDataParallel::Impl {
   void register_hooks();
   void on_grad_ready(std::size_t index);
   void reattach_grad(ParamSlot& slot);
+  void absorb_grad(ParamSlot& slot);
   void start_ready_buckets();
   void start_bucket(Bucket& bucket, bool in_backward);
   void wait_started();
@@ -118,6 +132,13 @@ DistributedDataParallel::Impl::~Impl() {
   for (ParamSlot& slot : slots) {
     if (slot.accumulator) slot.accumulator->del_post_hook(slot.hook_key);
   }
+  {
+    std::lock_guard<std::mutex> lock(main_grad_mutex());
+    for (ParamSlot& slot : slots) {
+      auto found = main_grads().find(slot.param.unsafeGetTensorImpl());
+      if (found != main_grads().end() && found->second.is_same(slot.grad)) main_grads().erase(found);
+    }
+  }
   for (Bucket& bucket : buckets) {
     try {
       bucket.work.wait();
@@ -135,11 +156,14 @@ void DistributedDataParallel::Impl::build_buffers() {
   std::vector<Group> groups;
   for (std::size_t i = params.size(); i-- > 0;) {
     const torch::Tensor& param = params[i];
+    const bool low_precision = param.scalar_type() == torch::kBFloat16 || param.scalar_type() == torch::kHalf;
+    const caffe2::TypeMeta dtype =
+        config.grad_reduce_in_fp32 && low_precision ? caffe2::TypeMeta::Make<float>() : param.dtype();
     auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-      return g.options.dtype() == param.dtype() && g.options.device() == param.device();
+      return g.options.dtype() == dtype && g.options.device() == param.device();
     });
     if (found == groups.end()) {
-      groups.push_back({torch::TensorOptions().dtype(param.dtype()).device(param.device()), {}});
+      groups.push_back({torch::TensorOptions().dtype(dtype).device(param.device()), {}});
       found = std::prev(groups.end());
     }
     found->members.push_back(i);
@@ -168,8 +192,13 @@ void DistributedDataParallel::Impl::build_buffers() {
       const int64_t numel = params[i].numel();
       slot.grad = buffer.narrow(0, offset, numel).view(params[i].sizes());
       slot.bucket = static_cast<int64_t>(buckets.size());
+      slot.separate = slot.grad.dtype() != params[i].dtype();
       if (params[i].grad().defined()) slot.grad.copy_(params[i].grad());  // keep what was accumulated before wrapping
-      params[i].mutable_grad() = slot.grad;
+      params[i].mutable_grad() = slot.separate ? torch::Tensor() : slot.grad;
+      {
+        std::lock_guard<std::mutex> lock(main_grad_mutex());
+        main_grads()[params[i].unsafeGetTensorImpl()] = slot.grad;
+      }
       offset += numel;
       // As Megatron: a param is never split; a bucket closes once it reaches bucket_size. Without overlap one bucket.
       const bool last = member + 1 == g.members.size();
@@ -194,7 +223,7 @@ void DistributedDataParallel::Impl::register_hooks() {
 void DistributedDataParallel::Impl::on_grad_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex);
   ParamSlot& slot = slots[index];
-  reattach_grad(slot);
+  absorb_grad(slot);
   // Without overlap nothing starts before finish_grad_sync, so extra backward passes only accumulate (as Megatron).
   if (!grad_sync || !config.overlap_grad_reduce) return;
   if (slot.reported) {
@@ -220,6 +249,20 @@ void DistributedDataParallel::Impl::reattach_grad(ParamSlot& slot) {
     slot.grad.zero_();
   }
   grad = slot.grad;
+}
+
+void DistributedDataParallel::Impl::absorb_grad(ParamSlot& slot) {
+  if (!slot.separate) {
+    reattach_grad(slot);
+    return;
+  }
+  // Megatron's main_grad hook: this backward's gradient (in the param's dtype) is added into the buffer and dropped,
+  // so the next backward starts from an undefined grad again.
+  torch::Tensor& grad = slot.param.mutable_grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  slot.grad.add_(grad);
+  grad = torch::Tensor();
 }
 
 void DistributedDataParallel::Impl::start_ready_buckets() {
@@ -277,7 +320,11 @@ void DistributedDataParallel::zero_grad_buffer() {
   torch::NoGradGuard no_grad;
   for (torch::Tensor& buffer : impl_->buffers) buffer.zero_();
   for (ParamSlot& slot : impl_->slots) {
-    if (!slot.param.grad().is_same(slot.grad)) slot.param.mutable_grad() = slot.grad;  // zero, whatever it held
+    if (slot.separate) {
+      slot.param.mutable_grad() = torch::Tensor();  // the zeroed main_grad holds the value
+    } else if (!slot.param.grad().is_same(slot.grad)) {
+      slot.param.mutable_grad() = slot.grad;  // zero, whatever it held
+    }
   }
 }
 
@@ -292,7 +339,7 @@ void DistributedDataParallel::finish_grad_sync() {
   Impl& impl = *impl_;
   std::lock_guard<std::mutex> lock(impl.mutex);
   // Params the backward did not reach still need their grad in the buffer before it is reduced.
-  for (ParamSlot& slot : impl.slots) impl.reattach_grad(slot);
+  for (ParamSlot& slot : impl.slots) impl.absorb_grad(slot);
   try {
     for (; impl.next_to_start < impl.buckets.size(); ++impl.next_to_start) {
       impl.start_bucket(impl.buckets[impl.next_to_start], /*in_backward=*/false);
@@ -341,6 +388,26 @@ int64_t DistributedDataParallel::bucket_numel(int64_t index) const {
                             " does not exist; there are " + std::to_string(num_buckets()));
   }
   return impl_->buckets[static_cast<std::size_t>(index)].data.numel();
+}
+
+torch::Tensor DistributedDataParallel::main_grad(const torch::Tensor& param) const {
+  const auto found = param.defined() ? impl_->index_of.find(param.unsafeGetTensorImpl()) : impl_->index_of.end();
+  if (found == impl_->index_of.end()) {
+    throw std::invalid_argument("DistributedDataParallel::main_grad: the parameter (shape " +
+                                (param.defined() ? c10::str(param.sizes()) : std::string("undefined")) +
+                                ") is not wrapped by this DistributedDataParallel; ask the one of its model chunk");
+  }
+  return impl_->slots[found->second].grad;
+}
+
+torch::Tensor main_grad(const torch::Tensor& param) {
+  if (!param.defined()) return {};
+  {
+    std::lock_guard<std::mutex> lock(main_grad_mutex());
+    const auto found = main_grads().find(param.unsafeGetTensorImpl());
+    if (found != main_grads().end()) return found->second;
+  }
+  return param.grad();
 }
 
 int64_t DistributedDataParallel::buckets_started() const { return impl_->started; }

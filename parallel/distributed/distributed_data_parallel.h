@@ -29,6 +29,9 @@ struct DistributedDataParallelConfig {
   /// Elements per bucket; 0 = Megatron's default max(40'000'000, 1'000'000 * dp). As in Megatron, without overlap
   /// every buffer is a single bucket (nothing is gained by splitting a reduction that starts after backward).
   int64_t bucket_size = 0;
+  /// Keep the gradients of bf16/fp16 parameters in an fp32 buffer (Megatron's main_grad): each backward's param.grad
+  /// is added into it and dropped, and the all-reduce runs in fp32. Without it the buffer has the parameters' dtype.
+  bool grad_reduce_in_fp32 = false;
 };
 
 class DistributedDataParallel {
@@ -64,13 +67,18 @@ class DistributedDataParallel {
 
   /// The wrapped parameters that take part (requires_grad), in the module's order.
   const std::vector<torch::Tensor>& params() const;
-  /// One flat buffer per (dtype, device); every param's grad is a view into one of them.
+  /// One flat buffer per (dtype, device); every param's main_grad is a view into one of them (fp32 for bf16/fp16
+  /// params with grad_reduce_in_fp32, else the param's dtype).
   std::vector<torch::Tensor> grad_buffers() const;
   int64_t num_buckets() const;
   /// The bucket holding `param`'s grad, or -1 if `param` is not one of params().
   int64_t bucket_of(const torch::Tensor& param) const;
   /// Elements in bucket `index`.
   int64_t bucket_numel(int64_t index) const;
+  /// Megatron's param.main_grad: the view into the grad buffer holding `param`'s gradient. It is param.grad() itself
+  /// when the buffer has the param's dtype; with grad_reduce_in_fp32 and a bf16/fp16 param it is the fp32 view, and
+  /// param.grad() is undefined between backward passes. Throws std::invalid_argument for a param not wrapped here.
+  torch::Tensor main_grad(const torch::Tensor& param) const;
   /// Buckets whose reduction has started since the last finish_grad_sync or zero_grad_buffer.
   int64_t buckets_started() const;
   /// How many buckets the most recent finish_grad_sync found already started by the backward pass.
@@ -81,5 +89,9 @@ class DistributedDataParallel {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+/// main_grad of whichever live DistributedDataParallel wraps `param`, or param.grad() for a parameter none wraps (the
+/// grad norm, clipping and the tied-embedding sync read gradients through this).
+torch::Tensor main_grad(const torch::Tensor& param);
 
 }  // namespace bridge::parallel::distributed

@@ -33,9 +33,10 @@ void finalize_model_grads(std::vector<DistributedDataParallel*> chunks,
     if (!weight.defined()) {
       throw std::invalid_argument("finalize_model_grads: an embedding weight is an undefined tensor");
     }
-    torch::Tensor& grad = weight.mutable_grad();
+    // The main_grad (the fp32 buffer view under grad_reduce_in_fp32), or the grad of an unwrapped weight.
+    torch::Tensor grad = main_grad(weight);
     // A copy that got no gradient still takes part (as zeros), or the peer would wait for it.
-    if (!grad.defined()) grad = torch::zeros_like(weight);
+    if (!grad.defined()) grad = weight.mutable_grad() = torch::zeros_like(weight);
     if (grad.is_contiguous()) {
       group->all_reduce(grad, ReduceOp::kSum);
     } else {

@@ -114,7 +114,8 @@ class StepRunner {
     if (output_grad.defined()) {
       torch::autograd::backward({output}, {output_grad});
     } else {
-      torch::autograd::backward({output});  // the last stage's scalar loss: implicit gradient one
+      // The last stage's scalar loss (scaled for fp16): implicit gradient one.
+      torch::autograd::backward({o_.grad_scale_func ? o_.grad_scale_func(output) : output});
     }
     torch::Tensor input_grad;
     if (input.defined()) {

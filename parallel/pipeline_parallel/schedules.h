@@ -59,6 +59,9 @@ struct ForwardBackwardOptions {
   /// Data-parallel gradient sync control: called with false before each backward pass that is not the step's last
   /// one and with true before the last backward (Megatron's no_sync / is_last_microbatch). May be empty.
   std::function<void(bool enabled)> set_grad_sync;
+  /// Megatron's config.grad_scale_func: applied to the last stage's loss before its backward (fp16 loss scaling).
+  /// May be empty.
+  std::function<torch::Tensor(const torch::Tensor& loss)> grad_scale_func;
   /// Called once after the last backward (not when forward_only), e.g. DDP finish + embedding grad all-reduce.
   std::function<void()> finalize_model_grads;
   ScheduleHooks hooks;

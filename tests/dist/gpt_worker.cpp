@@ -1,11 +1,12 @@
 // One rank of the GPT pretraining tests. Launched by gpt_dist_test with the launcher variables torchrun would set.
 //
-//   gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps>
+//   gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [fp32|bf16_mixed|fp16_mixed]
 //       pretrain() a tiny GPT for <steps> steps and write, per rank, <out_dir>/rank<r>.txt with the losses (last
 //       stage), and for every parameter this rank owns once (no tensor-parallel duplicate, no tied copy, data-parallel
 //       rank 0) the gradient's squared norm, its dot product with the weight and the weight's squared norm, keyed
 //       by the parameter's global name, at every step. Summed over ranks these equal the single-process run's. Also
-//       checks the events' fields.
+//       checks the events' fields. A mixed-precision recipe trains the bf16/fp16 model; gradients are then its
+//       fp32 main grads.
 //   gpt_worker dropout
 //       tp=2 training with dropout on: the replicated weights (norms, biases added after the all-reduce) stay
 //       identical across the tensor-parallel group, which holds only if replicated activations draw the same masks.
@@ -34,7 +35,7 @@ using namespace bridge::training;
 
 using testing::expect;
 
-int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps) {
+int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& precision) {
   auto manager = std::make_shared<CallbackManager>();
   std::string lines;
   int64_t forwards = 0, backwards = 0;
@@ -60,7 +61,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
            models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
         if (parallel::tensor_parallel::param_is_tensor_parallel_duplicate(param)) continue;
         if (!parallel::tensor_parallel::param_is_not_shared(param)) continue;
-        const torch::Tensor grad = param.grad().to(torch::kDouble);
+        // Megatron's main_grad: param.grad itself in fp32, the fp32 buffer view under bf16 with grad_reduce_in_fp32.
+        const torch::Tensor grad = parallel::distributed::main_grad(param).to(torch::kDouble);
         const torch::Tensor weight = param.detach().to(torch::kDouble);
         char line[256];
         std::snprintf(line, sizeof(line), "grad %lld %s %.12e %.12e %.12e\n", static_cast<long long>(step),
@@ -82,7 +84,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
       lines += line;
     }
   });
-  const ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
+  ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
+  apply_mixed_precision_recipe(config.mixed_precision, precision);
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
   const int64_t chunks = vpp > 0 ? vpp : 1;
@@ -168,14 +171,15 @@ int run_bad_data() {
 
 int main(int argc, char** argv) {
   return bridge::testing::worker_main(argc, argv,
-                                      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps>\n"
+                                      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision]\n"
                                       "       gpt_worker dropout\n"
                                       "       gpt_worker bad_data\n"
                                       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n",
                                       [&](const std::string& scenario) {
-                                        if (scenario == "parity" && argc == 7) {
+                                        if (scenario == "parity" && (argc == 7 || argc == 8)) {
                                           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
-                                                            std::stoi(argv[5]), std::stoll(argv[6]));
+                                                            std::stoi(argv[5]), std::stoll(argv[6]),
+                                                            argc == 8 ? argv[7] : "fp32");
                                         }
                                         if (scenario == "dropout" && argc == 2) return run_dropout();
                                         if (scenario == "bad_data" && argc == 2) return run_bad_data();

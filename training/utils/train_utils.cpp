@@ -187,7 +187,7 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
     // The last stage's tied copy of the embedding is the embedding: its gradient is counted under the embedding's name.
     // Frozen parameters keep their term (zero), so the list of names does not change when one is unfrozen.
     if (!tp::param_is_not_shared(param)) continue;
-    const torch::Tensor& grad = param.grad();
+    const torch::Tensor grad = parallel::distributed::main_grad(param);  // fp32 under mixed precision
     const bool counted = grad.defined() && counts_toward_model_norm(param);
     // The norm in the gradient's own precision, squared in double: a double copy of every gradient cost 4x as much.
     const double norm = counted ? grad.norm().item<double>() : 0.0;
