@@ -35,6 +35,7 @@ struct PretrainSetup {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<OptimizerParamScheduler> scheduler;
 
+  torch::Device device = torch::kCPU;  // this rank's device (parallelism.device): model, batches, buffers
   int world_size = 1;
   int data_parallel_size = 1;
   int data_parallel_rank = 0;
