@@ -16,6 +16,7 @@
 
 #include "bridge/bridge.h"
 #include "examples/sonnet.h"
+#include "parallel/device.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 
@@ -91,7 +92,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     const ConfigContainer config = config_from(args);
-    parallel::init_distributed(parallel::DistributedOptions{config.parallelism.backend, config.parallelism.timeout});
+    // The device is bound before the world starts, as pretrain() does when it starts the world itself.
+    const parallel::LaunchEnv env = parallel::detect_launch_env();
+    parallel::DistributedOptions distributed;
+    distributed.device = parallel::select_device(config.parallelism.device, env).device;
+    parallel::bind_device(distributed.device);
+    distributed.backend =
+        parallel::select_backend(config.parallelism.backend, distributed.device, parallel::cuda_built());
+    distributed.timeout = config.parallelism.timeout;
+    parallel::init_distributed(env, distributed);
 
     auto callbacks = std::make_shared<CallbackManager>();
     std::chrono::steady_clock::time_point start;

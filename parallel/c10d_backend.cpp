@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <type_traits>
 
 namespace bridge::parallel::detail {
 
@@ -72,6 +73,23 @@ class C10dWork final : public PendingWork {
   std::chrono::milliseconds timeout_;
 };
 
+// A receive into a device tensor through a host buffer (Gloo's point-to-point is host-only): the received bytes are
+// copied to the device tensor when wait() returns.
+class HostStagedRecv final : public PendingWork {
+ public:
+  HostStagedRecv(std::unique_ptr<PendingWork> receive, torch::Tensor host, torch::Tensor target)
+      : receive_(std::move(receive)), host_(std::move(host)), target_(std::move(target)) {}
+  void wait() override {
+    receive_->wait();
+    target_.copy_(host_);
+  }
+  bool is_completed() override { return receive_->is_completed(); }
+
+ private:
+  std::unique_ptr<PendingWork> receive_;
+  torch::Tensor host_, target_;
+};
+
 // Holds the concrete c10d class: its base is c10d::ProcessGroup in LibTorch 1.x but c10d::Backend in 2.x, while the
 // collective methods used here have the same signatures in both.
 template <class C10dProcessGroup>
@@ -111,15 +129,9 @@ class C10dGroup final : public GroupBackend {
     run_to_completion([&] { return group_->broadcast(tensors, options); }, timeout_);
   }
 
-  void send(torch::Tensor& tensor, int dst, int tag) override {
-    std::vector<at::Tensor> tensors{tensor};
-    run_to_completion([&] { return group_->send(tensors, dst, tag); }, timeout_);
-  }
+  void send(torch::Tensor& tensor, int dst, int tag) override { isend(tensor, dst, tag)->wait(); }
 
-  void recv(torch::Tensor& tensor, int src, int tag) override {
-    std::vector<at::Tensor> tensors{tensor};
-    run_to_completion([&] { return group_->recv(tensors, src, tag); }, timeout_);
-  }
+  void recv(torch::Tensor& tensor, int src, int tag) override { irecv(tensor, src, tag)->wait(); }
 
   std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {
     std::vector<at::Tensor> tensors{tensor};
@@ -130,13 +142,53 @@ class C10dGroup final : public GroupBackend {
   }
 
   std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
-    std::vector<at::Tensor> tensors{tensor};
+    // The host copy is complete when to() returns (a synchronising copy), and the c10d work keeps it alive.
+    std::vector<at::Tensor> tensors{stages_on_host(tensor) ? tensor.to(torch::kCPU) : tensor};
     return start([&] { return group_->send(tensors, dst, tag); });
   }
 
   std::unique_ptr<PendingWork> irecv(torch::Tensor& tensor, int src, int tag) override {
-    std::vector<at::Tensor> tensors{tensor};
-    return start([&] { return group_->recv(tensors, src, tag); });
+    if (!stages_on_host(tensor)) {
+      std::vector<at::Tensor> tensors{tensor};
+      return start([&] { return group_->recv(tensors, src, tag); });
+    }
+    torch::Tensor host = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU));
+    std::vector<at::Tensor> tensors{host};
+    return std::make_unique<HostStagedRecv>(start([&] { return group_->recv(tensors, src, tag); }), host, tensor);
+  }
+
+  std::vector<std::unique_ptr<PendingWork>> batch_isend_irecv(std::vector<P2POp>& ops) override {
+    std::vector<std::unique_ptr<PendingWork>> works;
+    if constexpr (kIsGloo) {
+      // Gloo has no coalescing and needs none: its sends and receives never wait on each other to start.
+      for (P2POp& op : ops) {
+        works.push_back(op.kind == P2POp::Kind::kSend ? isend(op.tensor, op.peer, op.tag)
+                                                      : irecv(op.tensor, op.peer, op.tag));
+      }
+    } else {
+      // NCCL (torch.distributed.batch_isend_irecv): the ops between startCoalescing and endCoalescing become one
+      // ncclGroupStart/End launch, and the work endCoalescing returns covers all of them (the per-op works are null).
+      try {
+        group_->startCoalescing();
+        try {
+          for (P2POp& op : ops) {
+            std::vector<at::Tensor> tensors{op.tensor};
+            if (op.kind == P2POp::Kind::kSend) {
+              group_->send(tensors, op.peer, op.tag);
+            } else {
+              group_->recv(tensors, op.peer, op.tag);
+            }
+          }
+        } catch (...) {
+          group_->endCoalescing();  // leave the group out of coalescing mode before reporting the failure
+          throw;
+        }
+        works.push_back(std::make_unique<C10dWork>(group_->endCoalescing(), timeout_));
+      } catch (const c10::Error& error) {
+        throw std::runtime_error(error.what_without_backtrace());
+      }
+    }
+    return works;
   }
 
   void barrier() override {
@@ -155,9 +207,85 @@ class C10dGroup final : public GroupBackend {
     }
   }
 
+  static constexpr bool kIsGloo = std::is_same_v<C10dProcessGroup, c10d::ProcessGroupGloo>;
+
+  // Gloo's send and recv hand the tensor's memory to its transport as it is, so it must be host memory (its
+  // collectives copy CUDA tensors themselves). NCCL takes CUDA tensors directly.
+  static bool stages_on_host(const torch::Tensor& tensor) { return kIsGloo && !tensor.device().is_cpu(); }
+
   c10::intrusive_ptr<C10dProcessGroup> group_;
   std::chrono::milliseconds timeout_;
 };
+
+// An NCCL group's backend: NCCL for CUDA tensors, and a Gloo group over the same ranks for CPU tensors (statistics,
+// flags, strings), as torch.distributed's "cpu:gloo,cuda:nccl". Every member issues the same operations in the same
+// order, so each of the two sees a consistent sequence.
+class DeviceDispatchGroup final : public GroupBackend {
+ public:
+  DeviceDispatchGroup(std::unique_ptr<GroupBackend> gloo, std::unique_ptr<GroupBackend> nccl)
+      : gloo_(std::move(gloo)), nccl_(std::move(nccl)) {}
+
+  void all_reduce(torch::Tensor& tensor, ReduceOp op) override { for_tensor(tensor).all_reduce(tensor, op); }
+  void all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) override {
+    for_tensor(input).all_gather(outputs, input);
+  }
+  void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) override {
+    for_tensor(output).reduce_scatter(output, inputs, op);
+  }
+  void broadcast(torch::Tensor& tensor, int root) override { for_tensor(tensor).broadcast(tensor, root); }
+  void send(torch::Tensor& tensor, int dst, int tag) override { for_tensor(tensor).send(tensor, dst, tag); }
+  void recv(torch::Tensor& tensor, int src, int tag) override { for_tensor(tensor).recv(tensor, src, tag); }
+  std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {
+    return for_tensor(tensor).all_reduce_async(tensor, op);
+  }
+  std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
+    return for_tensor(tensor).isend(tensor, dst, tag);
+  }
+  std::unique_ptr<PendingWork> irecv(torch::Tensor& tensor, int src, int tag) override {
+    return for_tensor(tensor).irecv(tensor, src, tag);
+  }
+  // Gloo's barrier blocks the host until every member arrives; NCCL's only orders the device's streams.
+  void barrier() override { gloo_->barrier(); }
+  std::vector<std::unique_ptr<PendingWork>> batch_isend_irecv(std::vector<P2POp>& ops) override {
+    if (ops.empty()) return {};
+    GroupBackend& backend = for_tensor(ops.front().tensor);
+    for (const P2POp& op : ops) {
+      if (&for_tensor(op.tensor) != &backend) {
+        throw std::invalid_argument("batch_isend_irecv: the ops mix CPU and CUDA tensors; batch each device apart");
+      }
+    }
+    return backend.batch_isend_irecv(ops);
+  }
+
+ private:
+  GroupBackend& for_tensor(const torch::Tensor& tensor) { return tensor.is_cuda() ? *nccl_ : *gloo_; }
+
+  std::unique_ptr<GroupBackend> gloo_, nccl_;
+};
+
+std::unique_ptr<GroupBackend> create_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                const std::string& master_host, const std::string& prefix, int rank,
+                                                int size, std::chrono::milliseconds timeout) {
+  auto fail = [&](const std::string& what) {
+    return std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
+                              std::to_string(size) + ") failed: " + what);
+  };
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(gloo_device(master_host));
+    auto group = std::make_unique<C10dGroup<c10d::ProcessGroupGloo>>(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), timeout);
+    // Gloo's connect returns on a rank before its peers have finished their side of the handshake; a rank that
+    // then destroyed the group at once would break a slower peer's connect. The barrier returns only once every
+    // member is connected.
+    group->barrier();
+    return group;
+  } catch (const c10::Error& error) {
+    throw fail(error.what_without_backtrace());
+  } catch (const std::exception& error) {  // Gloo's own IoException, and our run_to_completion's errors
+    throw fail(error.what());
+  }
+}
 
 }  // namespace
 
@@ -196,42 +324,40 @@ std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono
 
 std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezvous>& rendezvous,
                                                    const std::string& prefix, int rank, int size, Backend backend,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout, const torch::Device& device) {
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, rendezvous->store);
   if (backend == Backend::kNccl) {
 #if defined(USE_C10D_NCCL)
     // Without blocking wait, NCCL's wait() only orders streams and a dead peer hangs the next synchronisation.
     setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
     setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    if (!device.is_cuda() || !device.has_index()) {
+      throw std::invalid_argument("creating NCCL process group '" + prefix + "': NCCL needs a CUDA device, got " +
+                                  device.str() + "; set parallelism.device to cuda (or use backend gloo)");
+    }
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
-    return std::make_unique<C10dGroup<c10d::ProcessGroupNCCL>>(
-        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options), timeout);
+    try {
+      auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+      // Without a bound device, NCCL's barrier guesses the device as rank % device count, which is wrong for a
+      // group whose ranks are not the node's ranks in order.
+      group->setBoundDeviceId(device);
+      auto nccl = std::make_unique<C10dGroup<c10d::ProcessGroupNCCL>>(std::move(group), timeout);
+      auto gloo = create_gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rendezvous->host,
+                                    prefix + " (gloo, for CPU tensors)", rank, size, timeout);
+      return std::make_unique<DeviceDispatchGroup>(std::move(gloo), std::move(nccl));
+    } catch (const c10::Error& error) {
+      throw std::runtime_error("creating NCCL process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
+                               std::to_string(size) + ") failed: " + error.what_without_backtrace());
+    }
 #else
+    static_cast<void>(device);
     throw std::invalid_argument(
         "backend 'nccl' needs LibTorch built with CUDA and NCCL; this one has neither. Use "
         "'gloo' for CPU tensors.");
 #endif
   }
-  auto fail = [&](const std::string& what) {
-    return std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
-                              std::to_string(size) + ") failed: " + what);
-  };
-  try {
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(gloo_device(rendezvous->host));
-    auto group = std::make_unique<C10dGroup<c10d::ProcessGroupGloo>>(
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), timeout);
-    // Gloo's connect returns on a rank before its peers have finished their side of the handshake; a rank that
-    // then destroyed the group at once would break a slower peer's connect. The barrier returns only once every
-    // member is connected.
-    group->barrier();
-    return group;
-  } catch (const c10::Error& error) {
-    throw fail(error.what_without_backtrace());
-  } catch (const std::exception& error) {  // Gloo's own IoException, and our run_to_completion's errors
-    throw fail(error.what());
-  }
+  return create_gloo_group(store, rendezvous->host, prefix, rank, size, timeout);
 }
 
 bool nccl_available() {

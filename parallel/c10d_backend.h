@@ -18,10 +18,11 @@ class Rendezvous;
 /// agent store every rank is a client under torchrun's "/worker/attempt_<n>" prefix.
 std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
-/// The backend of one group: `rank` of `size` members that all call this with the same unique `prefix`.
+/// The backend of one group: `rank` of `size` members that all call this with the same unique `prefix`. An NCCL
+/// group is bound to `device` (this rank's CUDA device), which its barrier and communicators use.
 std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezvous>& rendezvous,
                                                    const std::string& prefix, int rank, int size, Backend backend,
-                                                   std::chrono::milliseconds timeout);
+                                                   std::chrono::milliseconds timeout, const torch::Device& device);
 
 /// Whether this LibTorch was built with CUDA and NCCL.
 bool nccl_available();

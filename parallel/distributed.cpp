@@ -67,6 +67,10 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
         "init_distributed: backend 'nccl' needs LibTorch built with CUDA and NCCL; this one "
         "has neither. Use Backend::kGloo.");
   }
+  if (options.backend == Backend::kNccl && !options.device.is_cuda()) {
+    throw std::invalid_argument("init_distributed: backend 'nccl' needs a CUDA device, but this rank's device is " +
+                                options.device.str() + "; choose a CUDA device or Backend::kGloo");
+  }
   auto world = std::make_unique<World>();
   world->env = launch_env.needs_mpi_bootstrap() ? bootstrap_rendezvous_over_mpi(launch_env) : launch_env;
   world->options = options;
@@ -77,8 +81,9 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
   world_state() = std::move(world);
   try {
     world_state()->world_group = new_group("world", all);
-    utils::logger().info("initialised {} rank(s) launched by {}, backend {}, timeout {} ms", all.size(),
-                         to_string(world_state()->env.launcher), to_string(options.backend), options.timeout.count());
+    utils::logger().info("initialised {} rank(s) launched by {}, backend {}, device {}, timeout {} ms", all.size(),
+                         to_string(world_state()->env.launcher), to_string(options.backend), options.device.str(),
+                         options.timeout.count());
   } catch (...) {
     world_state().reset();
     throw;
@@ -117,7 +122,7 @@ std::shared_ptr<ProcessGroup> new_group(const std::string& name, const std::vect
                           ranks.size(), prefix);
     backend =
         detail::create_group_backend(world.store->rendezvous, prefix, rank_in_group, static_cast<int>(ranks.size()),
-                                     world.options.backend, world.options.timeout);
+                                     world.options.backend, world.options.timeout, world.options.device);
   }
   return std::make_shared<ProcessGroup>(name, ranks, rank_in_group, world.options.backend, world.options.timeout,
                                         std::move(backend));

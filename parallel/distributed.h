@@ -20,6 +20,9 @@ struct DistributedOptions {
   Backend backend = Backend::kGloo;
   /// Limit for the rendezvous and for every operation; a dead peer surfaces as a CommunicationError within it.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// This rank's device (see device.h: select_device, bind_device). NCCL groups are bound to it and need it to be
+  /// CUDA; Gloo works with CPU and CUDA tensors alike.
+  torch::Device device = torch::kCPU;
 };
 
 /// Initialises the world from this process's environment (detect_launch_env), bootstrapping the rendezvous address

@@ -156,6 +156,26 @@ Work ProcessGroup::irecv(torch::Tensor& tensor, int peer, int tag) {
   return Work(this, "irecv", std::move(pending));
 }
 
+std::vector<Work> ProcessGroup::batch_isend_irecv(std::vector<P2POp> ops) {
+  std::vector<Work> works;
+  if (ops.empty()) return works;
+  for (P2POp& op : ops) {
+    const bool send = op.kind == P2POp::Kind::kSend;
+    check_peer(send ? "batch_isend_irecv (send)" : "batch_isend_irecv (recv)", op.peer);
+    if (send) {
+      op.tensor = op.tensor.contiguous();
+    } else if (!op.tensor.is_contiguous()) {
+      throw std::invalid_argument("batch_isend_irecv on group '" + name_ + "': a receive buffer must be contiguous");
+    }
+  }
+  // Counted per op, as the same sends and receives started one by one would be.
+  operation_count_ += ops.size() - 1;
+  std::vector<std::unique_ptr<detail::PendingWork>> pending;
+  run("batch_isend_irecv", [&] { pending = impl_->batch_isend_irecv(ops); });
+  for (auto& work : pending) works.push_back(Work(this, "batch_isend_irecv", std::move(work)));
+  return works;
+}
+
 Work::Work(ProcessGroup* group, std::string_view operation, std::unique_ptr<detail::PendingWork> impl)
     : group_(group), operation_(operation), impl_(std::move(impl)) {}
 

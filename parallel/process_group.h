@@ -25,6 +25,15 @@ enum class Backend : std::uint8_t { kGloo, kNccl };
 std::string_view to_string(ReduceOp op);
 std::string_view to_string(Backend backend);
 
+/// One send or receive of a batch (Megatron's torch.distributed.P2POp), for ProcessGroup::batch_isend_irecv.
+struct P2POp {
+  enum class Kind : std::uint8_t { kSend, kRecv };
+  Kind kind;
+  torch::Tensor tensor;  ///< sent, or received into (contiguous, preallocated)
+  int peer;              ///< group rank
+  int tag = 0;
+};
+
 /// A collective or point-to-point operation failed (a peer died, a timeout passed, a transport error).
 class CommunicationError : public std::runtime_error {
  public:
@@ -60,6 +69,9 @@ class GroupBackend {
   virtual void send(torch::Tensor& tensor, int dst, int tag) = 0;
   virtual void recv(torch::Tensor& tensor, int src, int tag) = 0;
   virtual void barrier() = 0;
+  /// Starts every op of `ops` as one batch: NCCL groups them (ncclGroupStart/End through c10d's coalescing) and
+  /// returns one work for all; Gloo starts them one by one and returns one work each. Never null entries.
+  virtual std::vector<std::unique_ptr<PendingWork>> batch_isend_irecv(std::vector<P2POp>& ops) = 0;
 };
 }  // namespace detail
 
@@ -130,6 +142,13 @@ class ProcessGroup {
   /// in the order they are started (per tag), so a pipeline may start both directions before waiting on either.
   Work isend(const torch::Tensor& tensor, int peer, int tag = 0);
   Work irecv(torch::Tensor& tensor, int peer, int tag = 0);
+
+  /// Starts the sends and receives of `ops` together and returns at once (Megatron's batch_isend_irecv); wait_all on
+  /// the result. NCCL needs the send and receive of one exchange started as a group, or neighbours that both send first
+  /// wait on each other. On NCCL, tags are ignored and a peer's sends match its receives in the order they appear in
+  /// `ops`, so callers must order ops the same way on both sides (p2p_communication orders by tag). On NCCL the
+  /// returned vector holds one Work for the whole batch; on Gloo one per op.
+  std::vector<Work> batch_isend_irecv(std::vector<P2POp> ops);
 
   /// Operations started on this group so far (collectives and point-to-point; for tests and statistics).
   std::uint64_t operation_count() const noexcept { return operation_count_; }

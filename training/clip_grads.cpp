@@ -37,9 +37,10 @@ double grad_norm(const std::vector<torch::Tensor>& with_grads, parallel::Process
     }
     norms.push_back(param.grad().norm().to(torch::kFloat64));
   }
-  // Every rank takes part in the all-reduce, also with nothing to count (a rank of replicas only).
+  // Every rank takes part in the all-reduce, also with nothing to count (a rank of replicas only). On the host on
+  // every rank: a rank with nothing to count has no device tensor, and all members must reduce on the same backend.
   torch::Tensor total =
-      norms.empty() ? torch::zeros({1}, torch::kFloat64) : torch::stack(norms).square().sum().view({1});
+      norms.empty() ? torch::zeros({1}, torch::kFloat64) : torch::stack(norms).square().sum().view({1}).cpu();
   if (group->size() > 1) group->all_reduce(total, parallel::ReduceOp::kSum);
   return std::sqrt(total.item<double>());
 }

@@ -58,7 +58,12 @@ struct ParallelismConfig {
   std::optional<int> virtual_pipeline_model_parallel_size;
   /// Interleaved schedule's micro-batch group size; unset = pipeline size (Megatron's default).
   std::optional<int64_t> microbatch_group_size_per_vp_stage;
-  parallel::Backend backend = parallel::Backend::kGloo;
+  /// Collective backend; unset (null, "auto") = nccl when the device is CUDA and LibTorch has NCCL, else gloo. Gloo
+  /// also works with CUDA tensors (several ranks sharing one GPU).
+  std::optional<parallel::Backend> backend;
+  /// Where the model, batches, gradient buffers and pipeline tensors live: "auto" (cuda:LOCAL_RANK when every rank
+  /// of the node has a GPU, else cpu), "cuda" (cuda:LOCAL_RANK), "cuda:<index>" or "cpu".
+  std::string device = "auto";
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 

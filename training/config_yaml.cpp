@@ -304,7 +304,10 @@ const std::vector<Field>& fields() {
       field("parallelism.microbatch_group_size_per_vp_stage", &C::parallelism,
             &ParallelismConfig::microbatch_group_size_per_vp_stage,
             "Micro-batch group size of the interleaved schedule; null = the pipeline size."),
-      field("parallelism.backend", &C::parallelism, &ParallelismConfig::backend, "Collective backend."),
+      field("parallelism.backend", &C::parallelism, &ParallelismConfig::backend,
+            "Collective backend; null = nccl on a CUDA device when LibTorch has NCCL, else gloo."),
+      field("parallelism.device", &C::parallelism, &ParallelismConfig::device,
+            "auto (cuda:LOCAL_RANK when every local rank has a GPU, else cpu), cuda, cuda:<index> or cpu."),
       field("parallelism.timeout", &C::parallelism, &ParallelismConfig::timeout,
             "Limit for the rendezvous and every collective (e.g. 30s, 10min, 1h)."),
 

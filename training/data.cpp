@@ -36,12 +36,13 @@ torch::Tensor TokenStreamDataset::sample(int64_t index) const {
 }
 
 DataIterator::DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank,
-                           int dp_size, int64_t consumed_samples)
+                           int dp_size, int64_t consumed_samples, torch::Device device)
     : dataset_(std::move(dataset)),
       micro_batch_size_(micro_batch_size),
       dp_rank_(dp_rank),
       dp_size_(dp_size),
-      consumed_samples_(consumed_samples) {
+      consumed_samples_(consumed_samples),
+      device_(device) {
   if (!dataset_) throw std::invalid_argument("DataIterator: no dataset");
   if (micro_batch_size < 1) throw std::invalid_argument("DataIterator: micro_batch_size must be >= 1");
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
@@ -63,6 +64,11 @@ GPTBatch DataIterator::next() {
   batch.labels = text.slice(1, 1, s + 1).contiguous();
   batch.loss_mask = torch::ones({micro_batch_size_, s}, torch::kFloat);
   batch.position_ids = torch::arange(s, torch::kLong).unsqueeze(0).expand({micro_batch_size_, s}).contiguous();
+  if (!device_.is_cpu()) {
+    for (torch::Tensor* tensor : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids}) {
+      *tensor = tensor->to(device_);
+    }
+  }
   return batch;
 }
 

@@ -68,9 +68,10 @@ class TokenStreamDataset : public GPTDataset {
 /// Turns samples into micro-batches for one data-parallel rank (Megatron's MegatronPretrainingSampler).
 class DataIterator {
  public:
+  /// Batches are moved to `device` (the model's), as Megatron's get_batch moves them to the current GPU.
   DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank, int dp_size,
-               int64_t consumed_samples = 0);
-  /// The next micro-batch of this rank; advances by micro_batch_size * dp_size samples.
+               int64_t consumed_samples = 0, torch::Device device = torch::kCPU);
+  /// The next micro-batch of this rank, on the iterator's device; advances by micro_batch_size * dp_size samples.
   GPTBatch next();
   int64_t consumed_samples() const { return consumed_samples_; }
   const GPTDataset& dataset() const { return *dataset_; }
@@ -80,6 +81,7 @@ class DataIterator {
   int64_t micro_batch_size_;
   int dp_rank_, dp_size_;
   int64_t consumed_samples_;
+  torch::Device device_;
 };
 
 /// The datasets pretrain() draws from; valid and test may be null (no evaluation then).

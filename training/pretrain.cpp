@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "parallel/device.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
@@ -18,15 +19,27 @@ namespace {
 // Releases what run_pretrain created (and only that), also when it throws.
 class ParallelScope {
  public:
+  // The device is bound before the world exists, as Megatron calls torch.cuda.set_device before
+  // init_process_group: NCCL groups and the CUDA RNG state belong to the current device.
   explicit ParallelScope(const ParallelismConfig& config) {
-    if (!parallel::is_distributed_initialized()) {
+    const bool initialized = parallel::is_distributed_initialized();
+    const parallel::LaunchEnv env = initialized ? parallel::get_launch_env() : parallel::detect_launch_env();
+    const parallel::DeviceSelection selection = parallel::select_device(config.device, env);
+    device_ = selection.device;
+    parallel::bind_device(device_);
+    if (!initialized) {
       parallel::DistributedOptions options;
-      options.backend = config.backend;
+      options.backend = parallel::select_backend(config.backend, device_, parallel::cuda_built());
+      options.device = device_;
       options.timeout = config.timeout;
       parallel::init_distributed(options);
       owns_world_ = true;
     }
+    if (config.device != "cpu" && device_.is_cpu() && parallel::get_rank() == 0) {
+      bridge::utils::logger().info("parallelism.device {}: running on the CPU ({})", config.device, selection.reason);
+    }
   }
+  const torch::Device& device() const { return device_; }
   void initialize_model_parallel(const ParallelismConfig& config) {
     if (parallel::model_parallel_is_initialized()) {
       const parallel::ParallelOptions& current = parallel::get_rank_layout().options;
@@ -54,6 +67,7 @@ class ParallelScope {
   ParallelScope& operator=(const ParallelScope&) = delete;
 
  private:
+  torch::Device device_ = torch::kCPU;
   bool owns_world_ = false;
   bool owns_model_parallel_ = false;
 };
@@ -81,7 +95,7 @@ std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::share
   }
   for (std::size_t i = 0; i < setup.model.size(); ++i) {
     result.emplace_back(dataset, setup.config.train.micro_batch_size, setup.data_parallel_rank,
-                        setup.data_parallel_size);
+                        setup.data_parallel_size, /*consumed_samples=*/0, setup.device);
   }
   return result;
 }
@@ -120,6 +134,8 @@ void build(PretrainSetup& setup) {
   parallel::distributed::DistributedDataParallelConfig ddp_config = config.ddp;
   if (mp.enabled()) ddp_config.grad_reduce_in_fp32 = mp.grad_reduce_in_fp32;  // as Megatron-Bridge's setup
   for (models::GPTModel& chunk : setup.model) {
+    // Built on the CPU from the seeded generators (the same weights on any device), then moved.
+    if (!setup.device.is_cpu()) chunk->to(setup.device);
     setup.chunks.push_back(chunk.ptr());
     setup.ddp.push_back(std::make_unique<parallel::distributed::DistributedDataParallel>(chunk.ptr(), ddp_config));
     for (const torch::Tensor& param : chunk->parameters()) {
@@ -206,6 +222,7 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
 
   auto setup = std::make_unique<PretrainSetup>();
   setup->config = config;
+  setup->device = scope.device();
   setup->state.cfg = &setup->config;
   setup->callbacks = std::move(callbacks);
   if (setup->callbacks) setup->callbacks->set_rank(parallel::get_rank(), parallel::get_world_size());

@@ -38,6 +38,7 @@ struct PretrainSetup {
   std::unique_ptr<torch::optim::Optimizer> optimizer;  // over the fp32 main params under mixed precision
   std::unique_ptr<OptimizerParamScheduler> scheduler;
 
+  torch::Device device = torch::kCPU;  // this rank's device (parallelism.device): model, batches, buffers
   int world_size = 1;
   int data_parallel_size = 1;
   int data_parallel_rank = 0;

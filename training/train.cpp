@@ -32,6 +32,7 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
   options.num_microbatches = setup.num_microbatches;
   options.tensor_shape = setup.tensor_shape;
   options.dtype = params_dtype(setup.config.mixed_precision);  // activations travel in the model's dtype
+  options.device = setup.device;
   options.forward_only = forward_only;
   options.microbatch_group_size_per_vp_stage = setup.config.parallelism.microbatch_group_size_per_vp_stage;
   if (!forward_only) {

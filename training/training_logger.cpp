@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "parallel/device.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "training/pretrain_setup.h"
@@ -67,6 +68,7 @@ TrainingLogger::TrainingLogger(PretrainSetup& setup) : setup_(setup) {
 }
 
 void TrainingLogger::start() {
+  parallel::synchronize_device(setup_.device);  // queued CUDA work belongs to the time before the start
   start_ = interval_start_ = std::chrono::steady_clock::now();
   start_wall_ = wall_seconds();
   flops_at_last_log_ = setup_.state.train_state.floating_point_operations_so_far;
@@ -200,6 +202,8 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   }
   utils::LogLineFields line;
   if (console) {
+    // CUDA kernels run after the host has queued them: read the clock once the interval's work is done.
+    parallel::synchronize_device(setup_.device);
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - interval_start_).count();
     interval_start_ = now;

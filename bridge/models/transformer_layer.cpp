@@ -70,7 +70,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
   };
   torch::Tensor q = heads(0), k = heads(1), v = heads(2);
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  if (causal_mask_.size(0) != s) causal_mask_ = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  if (causal_mask_.size(0) != s || causal_mask_.device() != scores.device()) {
+    causal_mask_ = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
+  }
   const torch::Tensor& future = causal_mask_;
   torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
   if (is_training() && attention_dropout_ > 0.0) {

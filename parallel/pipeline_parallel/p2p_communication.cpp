@@ -18,12 +18,14 @@ std::string shape_string(c10::IntArrayRef shape) {
 
 // A wrong shape or dtype would not fail here but corrupt or stall the peer, whose buffer was sized from the spec.
 torch::Tensor checked_for_send(const torch::Tensor& tensor, const TensorSpec& spec, const char* what) {
-  if (tensor.sizes() != c10::IntArrayRef(spec.shape) || tensor.scalar_type() != spec.dtype) {
-    throw std::invalid_argument(
-        std::string("pipeline p2p: the ") + what + " to send has shape " + shape_string(tensor.sizes()) +
-        " and dtype " + std::string(c10::toString(tensor.scalar_type())) + ", but the stages exchange tensor_shape " +
-        shape_string(spec.shape) + " of dtype " + std::string(c10::toString(spec.dtype)) +
-        "; set ForwardBackwardOptions::tensor_shape/dtype to what each stage outputs");
+  if (tensor.sizes() != c10::IntArrayRef(spec.shape) || tensor.scalar_type() != spec.dtype ||
+      tensor.device() != spec.device) {
+    throw std::invalid_argument(std::string("pipeline p2p: the ") + what + " to send has shape " +
+                                shape_string(tensor.sizes()) + ", dtype " +
+                                std::string(c10::toString(tensor.scalar_type())) + " on " + tensor.device().str() +
+                                ", but the stages exchange tensor_shape " + shape_string(spec.shape) + " of dtype " +
+                                std::string(c10::toString(spec.dtype)) + " on " + spec.device.str() +
+                                "; set ForwardBackwardOptions::tensor_shape/dtype/device to what each stage outputs");
   }
   return tensor.detach().contiguous();
 }
@@ -47,21 +49,25 @@ P2PTransfers start_communication(const torch::Tensor& send_next, const torch::Te
   const int size = group.size();
   const int next = (group.rank() + 1) % size;
   const int prev = (group.rank() + size - 1) % size;
-  // Receives are posted before sends only for symmetry; matching is per (peer, tag) in start order either way.
+  // One batch (Megatron's batch_isend_irecv), ordered by tag: activations, then gradients. NCCL ignores tags and
+  // matches a peer's sends with its receives in batch order; with two stages the next and previous rank are the same
+  // peer, and both sides list the activation before the gradient, so the pairs match. Gloo matches by tag anyway.
+  std::vector<P2POp> ops;
   if (recv_prev) {
     transfers.from_prev = receive_buffer(spec);
-    transfers.works.push_back(group.irecv(transfers.from_prev, prev, kActivationTag));
+    ops.push_back({P2POp::Kind::kRecv, transfers.from_prev, prev, kActivationTag});
+  }
+  if (send_next.defined()) {
+    ops.push_back({P2POp::Kind::kSend, checked_for_send(send_next, spec, "activation"), next, kActivationTag});
+  }
+  if (send_prev.defined()) {
+    ops.push_back({P2POp::Kind::kSend, checked_for_send(send_prev, spec, "gradient"), prev, kGradientTag});
   }
   if (recv_next) {
     transfers.from_next = receive_buffer(spec);
-    transfers.works.push_back(group.irecv(transfers.from_next, next, kGradientTag));
+    ops.push_back({P2POp::Kind::kRecv, transfers.from_next, next, kGradientTag});
   }
-  if (send_next.defined()) {
-    transfers.works.push_back(group.isend(checked_for_send(send_next, spec, "activation"), next, kActivationTag));
-  }
-  if (send_prev.defined()) {
-    transfers.works.push_back(group.isend(checked_for_send(send_prev, spec, "gradient"), prev, kGradientTag));
-  }
+  transfers.works = group.batch_isend_irecv(std::move(ops));
   return transfers;
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <stdexcept>
 #include <utility>
@@ -18,8 +19,10 @@ constexpr char kCudaSuffix[] = "@cuda";
 bool has_cuda() { return torch::cuda::is_available(); }
 
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
-// The current device's default CUDA generator (the hooks' own accessor was renamed in LibTorch 2.x).
-at::Generator cuda_generator() { return at::globalContext().defaultGenerator(at::Device(at::kCUDA)); }
+// The current CUDA device (bind_device made it this rank's); device-generic, so it compiles without CUDA headers.
+at::Device current_cuda_device() { return c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice(); }
+// A device's default CUDA generator (the hooks' own accessor was renamed in LibTorch 2.x).
+at::Generator cuda_generator(const at::Device& device) { return at::globalContext().defaultGenerator(device); }
 
 torch::Tensor swap_state(at::Generator generator, const torch::Tensor& new_state) {
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -45,7 +48,10 @@ RngStatesTracker::ForkGuard::ForkGuard(RngStatesTracker& tracker, std::string na
   }
   saved_cpu_ = swap_state(cpu_generator(), found->second);
   const auto cuda = tracker_.states_.find(name_ + kCudaSuffix);
-  if (cuda != tracker_.states_.end() && has_cuda()) saved_cuda_ = swap_state(cuda_generator(), cuda->second);
+  // The CUDA state belongs to the device it was seeded on, whichever device is current now.
+  if (cuda != tracker_.states_.end() && has_cuda()) {
+    saved_cuda_ = swap_state(cuda_generator(tracker_.cuda_device_), cuda->second);
+  }
   tracker_.forked_.insert(name_);
 }
 
@@ -53,7 +59,9 @@ RngStatesTracker::ForkGuard::~ForkGuard() {
   std::lock_guard<std::mutex> lock(tracker_.mutex_);
   // Stored back even if the stream was reset meanwhile: set_states/reset while forked is the caller's choice.
   tracker_.states_[name_] = swap_state(cpu_generator(), saved_cpu_);
-  if (saved_cuda_.defined()) tracker_.states_[name_ + kCudaSuffix] = swap_state(cuda_generator(), saved_cuda_);
+  if (saved_cuda_.defined()) {
+    tracker_.states_[name_ + kCudaSuffix] = swap_state(cuda_generator(tracker_.cuda_device_), saved_cuda_);
+  }
   tracker_.forked_.erase(name_);
 }
 
@@ -79,7 +87,10 @@ void RngStatesTracker::add(const std::string& name, uint64_t seed) {
   // A fresh generator seeded with `seed` is in the state the default one would be in after manual_seed(seed).
   states_[name] = at::make_generator<at::CPUGeneratorImpl>(seed).get_state();
   if (has_cuda()) {
-    at::Generator generator = cuda_generator();
+    // Megatron's CudaRNGStatesTracker.add: the current device's generator seeded with `seed`, its state kept, the
+    // generator restored.
+    cuda_device_ = current_cuda_device();
+    at::Generator generator = cuda_generator(cuda_device_);
     std::lock_guard<std::mutex> generator_lock(generator.mutex());
     const torch::Tensor original = generator.get_state();
     generator.set_current_seed(seed);

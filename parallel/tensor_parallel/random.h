@@ -54,12 +54,14 @@ class RngStatesTracker {
   std::map<std::string, torch::Tensor> states_;  // CPU states, and CUDA states under "<name>@cuda"
   std::set<uint64_t> seeds_;
   std::set<std::string> forked_;
+  at::Device cuda_device_ = at::Device(at::kCUDA, 0);  // where the "@cuda" states were seeded (the current device)
 };
 
 /// The process's tracker.
 RngStatesTracker& get_rng_tracker();
 
-/// Seeds the default generators with `seed` (identical across a TP group) and resets the tracker to one stream,
+/// Seeds the default generators with `seed` (identical across a TP group; the CPU's and every CUDA device's, as
+/// torch.manual_seed) and resets the tracker to one stream,
 /// "model-parallel-rng", seeded with seed + 2718 + tp_rank. Pass seed + 100 * pp_rank, as Megatron's initialize
 /// does, so pipeline stages draw differently. Needs initialize_model_parallel first.
 void model_parallel_manual_seed(uint64_t seed);

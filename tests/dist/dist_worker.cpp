@@ -108,6 +108,24 @@ void check_group(ProcessGroup& group, const std::vector<int>& expected_members) 
     expect(from_prev.eq(value_of(members[static_cast<std::size_t>(prev)])).all().item<bool>(), name + " irecv prev");
     expect(from_next.eq(value_of(members[static_cast<std::size_t>(next)])).all().item<bool>(), name + " irecv next");
     expect(reduced.eq(sum).all().item<bool>(), name + " all_reduce_async");
+
+    // Batched (Megatron's batch_isend_irecv, as the pipeline exchanges): both directions of the ring at once, equal
+    // shapes, in p2p_communication's order (activation before gradient), so two ranks are each other's next and prev.
+    torch::Tensor activation = torch::full({4}, mine + 0.25, torch::kFloat64);
+    torch::Tensor gradient = torch::full({4}, mine + 0.5, torch::kFloat64);
+    torch::Tensor activation_in = torch::zeros({4}, torch::kFloat64);
+    torch::Tensor gradient_in = torch::zeros({4}, torch::kFloat64);
+    const std::uint64_t before_batch = group.operation_count();
+    std::vector<Work> batch = group.batch_isend_irecv({{P2POp::Kind::kRecv, activation_in, prev, 0},
+                                                       {P2POp::Kind::kSend, activation, next, 0},
+                                                       {P2POp::Kind::kSend, gradient, prev, 1},
+                                                       {P2POp::Kind::kRecv, gradient_in, next, 1}});
+    wait_all(batch);
+    expect(group.operation_count() == before_batch + 4, name + " operation_count counts each op of a batch");
+    expect(activation_in.eq(value_of(members[static_cast<std::size_t>(prev)]) + 0.25).all().item<bool>(),
+           name + " batch_isend_irecv from prev");
+    expect(gradient_in.eq(value_of(members[static_cast<std::size_t>(next)]) + 0.5).all().item<bool>(),
+           name + " batch_isend_irecv from next");
   }
   group.barrier();
 }

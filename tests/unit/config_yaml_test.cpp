@@ -89,6 +89,7 @@ TEST(ConfigYaml, OverridesSetEveryKindOfValue) {
   apply_override(config, "parallelism.microbatch_group_size_per_vp_stage=8");
   apply_override(config, "parallelism.timeout=1.5min");
   apply_override(config, "parallelism.backend=NCCL");
+  apply_override(config, "parallelism.device=cuda:1");
   apply_override(config, "rng.seed=18446744073709551615");
   apply_override(config, "model={num_layers: 3, hidden_size: 48}");  // a section as a whole
   EXPECT_EQ(config.train.train_iters, 500);
@@ -100,7 +101,8 @@ TEST(ConfigYaml, OverridesSetEveryKindOfValue) {
   EXPECT_EQ(config.parallelism.virtual_pipeline_model_parallel_size, 4);
   EXPECT_EQ(config.parallelism.microbatch_group_size_per_vp_stage, 8);
   EXPECT_EQ(config.parallelism.timeout, std::chrono::seconds(90));
-  EXPECT_EQ(config.parallelism.backend, parallel::Backend::kNccl);
+  EXPECT_EQ(config.parallelism.backend, std::optional<parallel::Backend>(parallel::Backend::kNccl));
+  EXPECT_EQ(config.parallelism.device, "cuda:1");
   EXPECT_EQ(config.rng.seed, 18446744073709551615ULL);
   EXPECT_EQ(config.model.num_layers, 3);
   EXPECT_EQ(config.model.hidden_size, 48);
@@ -167,7 +169,7 @@ TEST(ConfigYaml, WrongTypesNameTheKeyTheTypeAndTheValue) {
   EXPECT_THAT(override_error("dataset.split={a: 1}"), HasSubstr("must be a string, got a mapping"));
   EXPECT_THAT(override_error("parallelism.virtual_pipeline_model_parallel_size=two"),
               HasSubstr("must be an int or null, got 'two'"));
-  EXPECT_THAT(override_error("parallelism.backend=mpi"), HasSubstr("must be a gloo or nccl, got 'mpi'"));
+  EXPECT_THAT(override_error("parallelism.backend=mpi"), HasSubstr("must be a gloo or nccl or null, got 'mpi'"));
   EXPECT_THAT(override_error("train=5"), HasSubstr("'train' is a section, not a value"));
   EXPECT_THAT(override_error("train.train_iters"), HasSubstr("an override is key=value"));
 
@@ -221,7 +223,7 @@ TEST(ConfigYaml, ToYamlRoundTripsEveryType) {
   EXPECT_EQ(loaded.optimizer.optimizer, "sgd");
   EXPECT_EQ(loaded.parallelism.virtual_pipeline_model_parallel_size, 3);
   EXPECT_EQ(loaded.parallelism.microbatch_group_size_per_vp_stage, std::nullopt);
-  EXPECT_EQ(loaded.parallelism.backend, parallel::Backend::kNccl);
+  EXPECT_EQ(loaded.parallelism.backend, std::optional<parallel::Backend>(parallel::Backend::kNccl));
   EXPECT_EQ(loaded.parallelism.timeout.count(), 90'001);
   EXPECT_EQ(loaded.dataset.data_path, config.dataset.data_path);
   EXPECT_EQ(loaded.dataset.split, "true");

@@ -47,13 +47,13 @@ TEST(SingleProcess, GroupsOfOneWorkLocally) {
   EXPECT_THAT([] { get_world_group(); }, ThrowsMessage<std::logic_error>(HasSubstr("call bridge::parallel::init")));
 }
 
+// Without a CUDA LibTorch, or with one but a CPU device (the default), NCCL is refused before anything starts.
 TEST(SingleProcess, NcclWithoutCudaIsAClearError) {
-  if (torch::cuda::is_available()) GTEST_SKIP() << "this LibTorch has CUDA";
   EXPECT_THAT(
       [] {
         init_distributed(LaunchEnv{}, {Backend::kNccl, std::chrono::seconds(1)});
       },
-      ThrowsMessage<std::invalid_argument>(HasSubstr("backend 'nccl' needs LibTorch built with CUDA")));
+      ThrowsMessage<std::invalid_argument>(HasSubstr("backend 'nccl' needs")));
   EXPECT_FALSE(is_distributed_initialized());
 }
 

@@ -123,6 +123,22 @@ TEST(ReportMemory, CpuResidentSetFromTheOs) {
   EXPECT_LE(after - before, 0.42);
 }
 
+// Runs only where a GPU is visible: the CUDA allocator's statistics under Megatron-Bridge's ten keys.
+TEST(ReportMemory, CudaAllocatorStatistics) {
+  if (!cuda_memory_stats_available()) GTEST_SKIP() << "no GPU visible";
+  torch::Tensor block = torch::empty({64, 1024, 1024}, torch::TensorOptions().device(torch::kCUDA));  // 256 MiB
+  const StatReport report = report_memory();
+  ASSERT_THAT(names(report), ElementsAre("mem-allocated-gigabytes", "mem-active-gigabytes", "mem-inactive-gigabytes",
+                                         "mem-reserved-gigabytes", "mem-max-allocated-gigabytes",
+                                         "mem-max-active-gigabytes", "mem-max-inactive-gigabytes",
+                                         "mem-max-reserved-gigabytes", "mem-alloc-retires", "mem-allocated-count"));
+  EXPECT_GE(value(report, "mem-allocated-gigabytes"), 0.268);
+  EXPECT_GE(value(report, "mem-reserved-gigabytes"), value(report, "mem-allocated-gigabytes"));
+  EXPECT_GE(value(report, "mem-max-allocated-gigabytes"), value(report, "mem-allocated-gigabytes"));
+  EXPECT_GE(value(report, "mem-allocated-count"), 1.0);
+  block.reset();
+}
+
 TEST(ReportMemory, KeysSelectAndRename) {
   const StatReport report = report_memory(MemoryKeys{{"resident_bytes.peak", "peak-bytes"}, {"missing", "gone"}});
   EXPECT_THAT(names(report), ElementsAre("peak-gigabytes"));

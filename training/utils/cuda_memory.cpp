@@ -7,6 +7,7 @@
 #ifdef BRIDGE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/version.h>
 #endif
 
 namespace bridge::training::utils {
@@ -23,9 +24,13 @@ std::map<std::string, int64_t> cuda_memory_stats() {
   std::map<std::string, int64_t> stats;
 #ifdef BRIDGE_WITH_CUDA
   if (!torch::cuda::is_available()) return stats;
+  // The current device is this rank's: pretrain() binds it (parallel::bind_device) before building anything.
   const auto device = c10::cuda::current_device();
   const auto device_stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
   constexpr std::size_t kAggregate = 0;
+#if TORCH_VERSION_MAJOR >= 2
+  static_assert(static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE) == kAggregate);
+#endif
   const auto add = [&](const std::string& name, const auto& stat) {
     stats[name + ".all.current"] = stat[kAggregate].current;
     stats[name + ".all.peak"] = stat[kAggregate].peak;
