@@ -1,9 +1,12 @@
 // GPT training throughput through bridge's real pretrain(config, gpt_forward_step, callbacks), one process (tp = pp
 // = dp = 1) on mock data, for comparison with the same model and step in Python PyTorch (gpt_train_bench.py, run
 // side by side by run_gpt_train_bench.sh). Prints one machine-readable line:
-//   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count>
+//   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> attention=<a> dtype=<d>
+// --attention unfused times the explicit softmax attention against the default (SDPA on LibTorch 2.x).
 //
 //   gpt_train_bench --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4
+#include <torch/version.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -12,6 +15,7 @@
 #include <cxxopts.hpp>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,7 +37,11 @@ int main(int argc, char** argv) {
   bridge::bench::add_gpt_model_options(options);
   options.add_options()("steps", "timed steps", cxxopts::value<int64_t>()->default_value("10"))(
       "warmup-steps", "untimed steps before them", cxxopts::value<int64_t>()->default_value("2"))(
-      "threads", "intra-op threads", cxxopts::value<int>()->default_value("2"))("h,help", "print this help");
+      "threads", "intra-op threads", cxxopts::value<int>()->default_value("2"))(
+      "attention", "auto (SDPA on LibTorch 2.x) or unfused (explicit softmax)",
+      cxxopts::value<std::string>()->default_value("auto"))(
+      "dtype", "fp32 or bf16 (bf16_mixed)", cxxopts::value<std::string>()->default_value("fp32"))("h,help",
+                                                                                                  "print this help");
   try {
     const cxxopts::ParseResult args = options.parse(argc, argv);
     if (args.count("help")) {
@@ -48,6 +56,20 @@ int main(int argc, char** argv) {
     config.train.global_batch_size = config.train.micro_batch_size;  // one micro-batch per step
     config.train.train_iters = warmup + steps;
     config.train.num_threads = threads;
+    const std::string attention = args["attention"].as<std::string>();
+    if (attention != "auto" && attention != "unfused") {
+      throw std::invalid_argument("--attention must be auto or unfused, got " + attention);
+    }
+    config.model.attention_backend =
+        attention == "auto" ? bridge::models::AttnBackend::kAuto : bridge::models::AttnBackend::kUnfused;
+    const std::string dtype = args["dtype"].as<std::string>();
+    if (dtype == "bf16") {
+      // TODO(mixed precision): the mixed-precision branch adds config.mixed_precision; once merged this becomes
+      //   apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
+      throw std::invalid_argument("--dtype bf16 needs config.mixed_precision, which this build does not have yet");
+    } else if (dtype != "fp32") {
+      throw std::invalid_argument("--dtype must be fp32 or bf16, got " + dtype);
+    }
     // The log line reads losses back and prints; keep it out of every timed step.
     config.logging.log_interval = std::numeric_limits<int64_t>::max();
 
@@ -111,8 +133,9 @@ int main(int argc, char** argv) {
       std::printf(" %s=%.2f", phase, median(phase_ms[phase]));
     }
     std::printf("\n");
-    std::printf("cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld\n", tokens / (ms / 1000.0), ms,
-                step_ms.size(), threads, static_cast<long long>(params));
+    std::printf("cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s torch=%s\n",
+                tokens / (ms / 1000.0), ms, step_ms.size(), threads, static_cast<long long>(params),
+                attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train_bench: %s\n", e.what());
     return 1;

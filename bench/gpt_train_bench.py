@@ -1,6 +1,10 @@
 """The Python PyTorch reference for gpt_train_bench.cpp: the same GPT and training step as bridge's pretrain() with
 tp = pp = dp = 1, op for op and shape for shape, on the same LibTorch (Debian's python3-torch 1.13), so that the
 ratio of the two isolates what bridge's C++ loop costs or saves. run_gpt_train_bench.sh runs both side by side.
+Attention is scaled_dot_product_attention where the LibTorch has it (2.x), as bridge's AttnBackend::kAuto, or the
+explicit softmax with --attention unfused; --adamw picks torch.optim.AdamW's implementation (bridge's pretrain() runs
+torch::optim::AdamW's per-parameter loop, i.e. "loop", until FusedAdamW is wired into build_optimizer); --dtype bf16
+keeps the model and optimizer in bfloat16.
 Prints one machine-readable line:
   python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count>
 
@@ -18,9 +22,9 @@ from torch import nn
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, hidden, heads, std, out_std):
+    def __init__(self, hidden, heads, std, out_std, sdpa):
         super().__init__()
-        self.heads, self.head_dim = heads, hidden // heads
+        self.heads, self.head_dim, self.sdpa = heads, hidden // heads, sdpa
         self.linear_qkv = nn.Linear(hidden, 3 * hidden)
         self.linear_proj = nn.Linear(hidden, hidden)
         init_linear(self.linear_qkv, std)
@@ -34,6 +38,9 @@ class SelfAttention(nn.Module):
             return qkv.narrow(-1, which * h, h).reshape(s, b, self.heads, self.head_dim).permute(1, 2, 0, 3)
 
         q, k, v = heads(0), heads(1), heads(2)
+        if self.sdpa:
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.linear_proj(context.permute(2, 0, 1, 3).reshape(s, b, h))
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         # Built every call, as bridge does, so both pay for it.
         future = torch.ones(s, s, dtype=torch.bool).triu(1)
@@ -43,10 +50,10 @@ class SelfAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    def __init__(self, hidden, heads, ffn, std, out_std, eps):
+    def __init__(self, hidden, heads, ffn, std, out_std, eps, sdpa):
         super().__init__()
         self.input_layernorm = nn.LayerNorm(hidden, eps=eps)
-        self.self_attention = SelfAttention(hidden, heads, std, out_std)
+        self.self_attention = SelfAttention(hidden, heads, std, out_std, sdpa)
         self.pre_mlp_layernorm = nn.LayerNorm(hidden, eps=eps)
         self.linear_fc1 = nn.Linear(hidden, ffn)
         self.linear_fc2 = nn.Linear(ffn, hidden)
@@ -65,7 +72,7 @@ def init_linear(linear, std):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers, hidden, heads, seq, padded_vocab, eps=1e-5, std=0.02):
+    def __init__(self, layers, hidden, heads, seq, padded_vocab, sdpa, eps=1e-5, std=0.02):
         super().__init__()
         out_std = std / math.sqrt(2.0 * layers)
         self.word_embeddings = nn.Embedding(padded_vocab, hidden)
@@ -73,7 +80,7 @@ class GPT(nn.Module):
         nn.init.normal_(self.word_embeddings.weight, 0.0, std)
         nn.init.normal_(self.position_embeddings.weight, 0.0, std)
         self.layers = nn.ModuleList(
-            TransformerLayer(hidden, heads, 4 * hidden, std, out_std, eps) for _ in range(layers))
+            TransformerLayer(hidden, heads, 4 * hidden, std, out_std, eps, sdpa) for _ in range(layers))
         self.final_layernorm = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, tokens, position_ids, labels):  # [b, s] each; returns the per-token loss [b, s]
@@ -97,18 +104,30 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--attention", choices=["auto", "unfused"], default="auto",
+                        help="auto: scaled_dot_product_attention where torch has it; unfused: explicit softmax")
+    parser.add_argument("--adamw", choices=["loop", "foreach", "fused"], default="loop",
+                        help="torch.optim.AdamW's implementation (loop: what bridge's pretrain() runs today)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     args = parser.parse_args()
+    sdpa = args.attention == "auto" and hasattr(F, "scaled_dot_product_attention")
+    if args.adamw != "loop" and not torch.__version__.startswith("2"):
+        parser.error(f"--adamw {args.adamw} needs torch 2.x, this is {torch.__version__}")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(1234)
     padded_vocab = (args.vocab + 127) // 128 * 128  # make_vocab_size_divisible_by 128, tp 1
-    model = GPT(args.layers, args.hidden, args.heads, args.seq, padded_vocab)
+    model = GPT(args.layers, args.hidden, args.heads, args.seq, padded_vocab, sdpa)
+    if args.dtype == "bf16":
+        model = model.to(torch.bfloat16)
     model.train()
     params = list(model.parameters())
     # bridge's build_optimizer: decay on matrices, none on biases and norm weights; config.optimizer's defaults.
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.999), eps=1e-8)
+    implementation = {} if args.adamw == "loop" and not torch.__version__.startswith("2") else {
+        "foreach": args.adamw == "foreach", "fused": args.adamw == "fused"}
+    optimizer = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.999), eps=1e-8, **implementation)
     num_params = sum(p.numel() for p in params)
 
     b, s = args.micro_batch, args.seq
@@ -118,8 +137,8 @@ def main():
     first_loss = float("nan")
     for step in range(args.warmup_steps + args.steps):
         marks = [time.perf_counter()]
-        # torch 1.13's default zeroes the grads in place, as bridge's zero_grad_buffer: backward then accumulates.
-        optimizer.zero_grad()
+        # In place, as bridge's zero_grad_buffer (torch 2.x's default would free them): backward then accumulates.
+        optimizer.zero_grad(set_to_none=False)
         marks.append(time.perf_counter())
         # Drawn inside the step, as bridge's gpt_forward_step draws its micro-batch.
         text = torch.randint(args.vocab, (b, s + 1), generator=generator)
@@ -150,7 +169,8 @@ def main():
     print(f"python first_loss={first_loss:.4f} ln_vocab={math.log(args.vocab):.4f}")
     print("python phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
     print(f"python tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} steps={len(step_ms)} "
-          f"threads={args.threads} params={num_params}", flush=True)
+          f"threads={args.threads} params={num_params} attention={'sdpa' if sdpa else 'unfused'} "
+          f"adamw={args.adamw} dtype={args.dtype} torch={torch.__version__.split('+')[0]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,58 +1,139 @@
 #!/usr/bin/env bash
 # GPT training throughput: bridge's pretrain() in C++ (gpt_train_bench) against the same model and step in Python
-# PyTorch (gpt_train_bench.py) on the same LibTorch, for a small GPT and for GPT-2 124M. Builds nothing: build the
-# gpt_train_bench target first. Runs alternate C++, Python, C++, Python so that drift in the machine's load hits both.
-# Prints a table with the ratio C++/Python (above 1: C++ is faster).
-# Usage: bench/run_gpt_train_bench.sh [build-dir] [threads]
+# PyTorch (gpt_train_bench.py) on the SAME LibTorch the build uses (a build against a PyPI wheel runs that venv's
+# python; one against Debian's LibTorch runs /usr/bin/python3), for a small GPT and GPT-2 124M (micro-batch 4, seq
+# 64), at each thread count. Builds nothing: build gpt_train_bench (and adamw_step_bench for --adamw) first. Runs
+# alternate C++, Python, C++, Python ... so that drift in the machine's load hits both; prints per row the median
+# tokens/s of each side with the min and max over the rounds, and the ratio C++/Python of the medians (above 1: C++
+# is faster).
+#
+# Usage: bench/run_gpt_train_bench.sh [options]
+#   --build DIR            build directory (build)
+#   --python PY            the Python to compare with (default: the one whose torch the build links)
+#   --threads "1 2"        intra-op thread counts, one table row each (1 2)
+#   --rounds N             alternating rounds per row (3)
+#   --configs "small gpt2-124M"   which models (both)
+#   --dtype fp32|bf16      bf16: Python's model in bfloat16, bridge's bf16_mixed recipe (fp32)
+#   --attention            also time both sides with the explicit softmax attention (--attention unfused)
+#   --adamw                also time the optimizer step alone on 124M parameters (adamw_step_bench{,.py})
 set -euo pipefail
-build=${1:-build}
-threads=${2:-2}
+build=build
+python=
+thread_counts="1 2"
+rounds=3
+config_names="small gpt2-124M"
+dtype=fp32
+compare_attention=0
+adamw=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    --threads) thread_counts=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --configs) config_names=$2; shift 2 ;;
+    --dtype) dtype=$2; shift 2 ;;
+    --attention) compare_attention=1; shift ;;
+    --adamw) adamw=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 cpp="$build/bench/gpt_train_bench"
 [[ -x "$cpp" ]] || { echo "no $cpp: cmake --build $build --target gpt_train_bench" >&2; exit 1; }
+if [[ -z "$python" ]]; then
+  # Torch_DIR of a PyPI wheel is <venv>/lib/pythonX.Y/site-packages/torch/share/cmake/Torch.
+  torch_dir=$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+  if [[ "$torch_dir" == */lib/python*/site-packages/torch/* ]]; then
+    python="${torch_dir%%/lib/python*}/bin/python"
+  else
+    python=/usr/bin/python3
+  fi
+fi
 # --threads alone decides the intra-op threads; an inherited OMP_NUM_THREADS would override one side's default.
 unset OMP_NUM_THREADS
+echo "C++: $cpp ($(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt" 2>/dev/null))"
+echo "Python: $python (torch $("$python" -c 'import torch; print(torch.__version__)'))"
 
 # name|flags: the small GPT steps in well under a second; GPT-2 124M (50257 -> 50304 vocab) takes seconds a step.
-configs=(
-  "small-4L-d256|--layers 4 --hidden 256 --heads 4 --seq 128 --vocab 8192 --micro-batch 8 --steps 20 --warmup-steps 3"
-  "gpt2-124M|--layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4 --warmup-steps 1"
+declare -A configs=(
+  [small]="--layers 4 --hidden 256 --heads 4 --seq 128 --vocab 8192 --micro-batch 8 --steps 20 --warmup-steps 3"
+  [gpt2-124M]="--layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4 --warmup-steps 1"
 )
-repeats=2
+variants=(auto)
+((compare_attention)) && variants+=(unfused)
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-for config in "${configs[@]}"; do
-  name=${config%%|*}
-  flags=${config#*|}
-  for ((r = 0; r < repeats; ++r)); do
-    # shellcheck disable=SC2086
-    for program in "$cpp" "/usr/bin/python3 bench/gpt_train_bench.py"; do
-      $program $flags --threads "$threads" 2>/dev/null | grep -E '^(cpp|python) ' | sed "s/^/$name /" | tee -a "$results"
+for name in $config_names; do
+  flags=${configs[$name]:?unknown config $name (small, gpt2-124M)}
+  for threads in $thread_counts; do
+    for ((r = 0; r < rounds; ++r)); do
+      for attention in "${variants[@]}"; do
+        for side in cpp python; do
+          [[ $side == cpp ]] && program=("$cpp") || program=("$python" bench/gpt_train_bench.py)
+          # shellcheck disable=SC2086
+          "${program[@]}" $flags --threads "$threads" --attention "$attention" --dtype "$dtype" 2>/dev/null |
+            grep -E '^(cpp|python) tokens_per_s' | sed "s/^/$name /" | tee -a "$results" || {
+            echo "$side $name failed: ${program[*]} $flags --threads $threads --attention $attention --dtype $dtype" >&2
+            exit 1
+          }
+        done
+      done
     done
   done
 done
+if ((adamw)); then
+  for threads in $thread_counts; do
+    for ((r = 0; r < rounds; ++r)); do
+      "$build/bench/adamw_step_bench" --threads "$threads" | grep '^cpp_adamw impl' | tee -a "$results"
+      "$python" bench/adamw_step_bench.py --threads "$threads" | tee -a "$results"
+    done
+  done
+fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-/usr/bin/python3 - "$results" <<'PY'
+"$python" - "$results" <<'PY'
 import statistics
 import sys
 
-runs = {}  # (config, who) -> list of dicts of one run's fields
+train, adamw = {}, {}  # row key -> list of one run's fields
 for line in open(sys.argv[1]):
-    config, who, *fields = line.split()
+    words = line.split()
+    if words[0] in ("cpp_adamw", "python_adamw"):
+        values = dict(w.split("=", 1) for w in words[1:])
+        adamw.setdefault((values["threads"], words[0].split("_")[0], values["impl"]), []).append(values)
+        continue
+    config, who, *fields = words
     values = dict(field.split("=", 1) for field in fields if "=" in field)
-    if "tokens_per_s" in values:
-        runs.setdefault((config, who), []).append(values)
-print(f"{'config':<14} {'C++ tok/s':>10} {'Py tok/s':>10} {'C++/Py':>7} {'C++ ms':>9} {'Py ms':>9} {'threads':>7} params")
-for config in dict.fromkeys(c for c, _ in runs):
-    cpp, py = runs[(config, "cpp")], runs[(config, "python")]
-    # The median of the repeats' per-run medians; each run already took the median over its timed steps.
-    cpp_tps = statistics.median(float(r["tokens_per_s"]) for r in cpp)
-    py_tps = statistics.median(float(r["tokens_per_s"]) for r in py)
-    cpp_ms = statistics.median(float(r["step_ms"]) for r in cpp)
-    py_ms = statistics.median(float(r["step_ms"]) for r in py)
+    train.setdefault((config, values["threads"], values["attention"], values["dtype"]), {}).setdefault(who, []).append(
+        values)
+
+
+def spread(values):
+    return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+if train:
+    print("tokens/s, median (min-max) over the rounds; C++/Py: ratio of the medians; step: median ms")
+    print(f"{'config':<10} {'thr':>3} {'attention':<9} {'dtype':<5} {'C++ tok/s':>22} {'Py tok/s':>22} "
+          f"{'C++/Py':>6} {'C++ ms':>8} {'Py ms':>8} params")
+for (config, threads, attention, dtype), sides in train.items():
+    cpp, py = sides.get("cpp", []), sides.get("python", [])
+    if not cpp or not py:
+        continue
+    cpp_tps = [float(r["tokens_per_s"]) for r in cpp]
+    py_tps = [float(r["tokens_per_s"]) for r in py]
     params = {r["params"] for r in cpp + py}
     same = params.pop() if len(params) == 1 else "MISMATCH " + "/".join(sorted(params))
-    print(f"{config:<14} {cpp_tps:>10.1f} {py_tps:>10.1f} {cpp_tps / py_tps:>7.3f} {cpp_ms:>9.1f} {py_ms:>9.1f} "
-          f"{cpp[0]['threads']:>7} {same}")
+    versions = {r.get("torch", "?") for r in cpp + py}
+    same += "" if len(versions) == 1 else " TORCH MISMATCH " + "/".join(sorted(versions))
+    print(f"{config:<10} {threads:>3} {cpp[0]['attention']:<9} {dtype:<5} {spread(cpp_tps):>22} {spread(py_tps):>22} "
+          f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} "
+          f"{statistics.median(float(r['step_ms']) for r in cpp):8.1f} "
+          f"{statistics.median(float(r['step_ms']) for r in py):8.1f} {same}")
+if adamw:
+    print("optimizer step on GPT-2 124M parameters, ms: median of the rounds' medians (min-max of the rounds' medians)")
+    for (threads, who, impl), rows in sorted(adamw.items()):
+        print(f"  threads {threads} {who:<6} {impl:<8} {spread([float(r['step_ms']) for r in rows])}")
 PY

@@ -12,6 +12,15 @@
 
 namespace bridge::models {
 
+/// How attention is computed (Megatron-Core's AttnBackend, reduced to what LibTorch offers).
+enum class AttnBackend {
+  /// scaled_dot_product_attention on LibTorch 2.x (flash/memory-efficient kernels where they apply), the explicit
+  /// softmax on 1.x.
+  kAuto,
+  /// Always the explicit matmul-softmax-matmul: the reference kAuto is checked and timed against.
+  kUnfused,
+};
+
 struct GPTConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
@@ -25,6 +34,7 @@ struct GPTConfig {
   int64_t seq_length = 64;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
+  AttnBackend attention_backend = AttnBackend::kAuto;
   double layernorm_epsilon = 1e-5;
   /// Standard deviation of the normal initialisation; output projections use std / sqrt(2 * num_layers).
   double init_method_std = 0.02;

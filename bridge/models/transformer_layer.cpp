@@ -1,6 +1,8 @@
 // The GPT transformer layer: attention with heads split across tensor-parallel ranks, and the MLP.
 #include "bridge/models/transformer_layer.h"
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -46,7 +48,8 @@ tp::InitMethod init_method_for(const GPTConfig& config, const std::string& name,
 SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string& prefix)
     : local_heads_(config.num_attention_heads / parallel::get_tensor_model_parallel_world_size()),
       head_dim_(config.head_dim()),
-      attention_dropout_(config.attention_dropout) {
+      attention_dropout_(config.attention_dropout),
+      attention_backend_(config.attention_backend) {
   const int64_t h = config.hidden_size;
   // The master QKV weight is [Q; K; V]; stride 3 gives each rank the rows of its own heads in each of Q, K and V.
   tp::ColumnParallelLinearOptions qkv(h, 3 * h);
@@ -69,19 +72,38 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
         .permute({1, 2, 0, 3});
   };
   torch::Tensor q = heads(0), k = heads(1), v = heads(2);
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  if (causal_mask_.size(0) != s || causal_mask_.device() != scores.device()) {
-    causal_mask_ = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
+  const bool dropout = is_training() && attention_dropout_ > 0.0;
+  torch::Tensor context;  // [b, heads, s, head_dim]
+#if TORCH_VERSION_MAJOR >= 2
+  if (attention_backend_ == AttnBackend::kAuto) {
+    // SDPA draws its dropout mask from the default generator, as torch::dropout does (on CPU it is the same
+    // softmax-then-dropout, mask for mask), so the fork below gives it the same per-rank stream.
+    auto sdpa = [&](double dropout_p) {
+      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
+    };
+    if (dropout) {
+      auto fork = tp::get_rng_tracker().fork();
+      context = sdpa(attention_dropout_);
+    } else {
+      context = sdpa(0.0);
+    }
   }
-  const torch::Tensor& future = causal_mask_;
-  torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  if (is_training() && attention_dropout_ > 0.0) {
-    // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
-    auto fork = tp::get_rng_tracker().fork();
-    probs = torch::dropout(probs, attention_dropout_, /*train=*/true);
+#endif
+  if (!context.defined()) {
+    torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+    if (causal_mask_.size(0) != s || causal_mask_.device() != scores.device()) {
+      causal_mask_ = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
+    }
+    const torch::Tensor& future = causal_mask_;
+    torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+    if (dropout) {
+      // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
+      auto fork = tp::get_rng_tracker().fork();
+      probs = torch::dropout(probs, attention_dropout_, /*train=*/true);
+    }
+    context = torch::matmul(probs, v);
   }
-  torch::Tensor context = torch::matmul(probs, v).permute({2, 0, 1, 3}).reshape({s, b, local_hidden});
-  return linear_proj(context);
+  return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_hidden}));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) {

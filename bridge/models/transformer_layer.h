@@ -1,6 +1,7 @@
 // One pre-norm GPT transformer layer with its heads split across tensor-parallel ranks (Megatron-Core's
 // TransformerLayer): x + Dropout(Attention(LN(x))), then x + Dropout(MLP(LN(x))). Activations are sequence-first,
-// [s, b, h]. Attention: QKV column-parallel (each rank holds whole heads), causal softmax on the local heads,
+// [s, b, h]. Attention: QKV column-parallel (each rank holds whole heads), causal softmax on the local heads (LibTorch
+// 2.x: scaled_dot_product_attention),
 // projection row-parallel. MLP: fc1 column-parallel, GeLU, fc2 row-parallel.
 #pragma once
 
@@ -29,6 +30,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   int64_t local_heads_;
   int64_t head_dim_;
   double attention_dropout_;
+  AttnBackend attention_backend_;
   torch::Tensor causal_mask_ = torch::empty({0, 0}, torch::kBool);  // [s, s], true above the diagonal; per length
 };
 TORCH_MODULE(SelfAttention);
