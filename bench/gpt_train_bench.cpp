@@ -64,9 +64,7 @@ int main(int argc, char** argv) {
         attention == "auto" ? bridge::models::AttnBackend::kAuto : bridge::models::AttnBackend::kUnfused;
     const std::string dtype = args["dtype"].as<std::string>();
     if (dtype == "bf16") {
-      // TODO(mixed precision): the mixed-precision branch adds config.mixed_precision; once merged this becomes
-      //   apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
-      throw std::invalid_argument("--dtype bf16 needs config.mixed_precision, which this build does not have yet");
+      apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
     } else if (dtype != "fp32") {
       throw std::invalid_argument("--dtype must be fp32 or bf16, got " + dtype);
     }

@@ -15,7 +15,9 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <system_error>
+#include <utility>
 
 #include "utils/closest_match.h"
 #include "utils/strings.h"
@@ -205,6 +207,28 @@ struct Codec<parallel::Backend> {
   static void emit(YAML::Emitter& out, parallel::Backend value) { out << std::string(parallel::to_string(value)); }
 };
 
+// Megatron-Core's AttnBackend names, reduced to the two bridge has.
+constexpr std::pair<models::AttnBackend, std::string_view> kAttnBackends[] = {
+    {models::AttnBackend::kAuto, "auto"}, {models::AttnBackend::kUnfused, "unfused"}};
+
+template <>
+struct Codec<models::AttnBackend> {
+  static std::string type() { return "auto or unfused"; }
+  static std::optional<models::AttnBackend> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string text = lower(trim(node.Scalar()));
+    for (const auto& [backend, name] : kAttnBackends) {
+      if (text == name) return backend;
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, models::AttnBackend value) {
+    for (const auto& [backend, name] : kAttnBackends) {
+      if (value == backend) out << std::string(name);
+    }
+  }
+};
+
 // ---- The table ----
 
 struct Field {
@@ -250,6 +274,8 @@ const std::vector<Field>& fields() {
       field("model.seq_length", &C::model, &GPTConfig::seq_length, "Tokens per sample (and positions embedded)."),
       field("model.hidden_dropout", &C::model, &GPTConfig::hidden_dropout, "Dropout after attention and MLP."),
       field("model.attention_dropout", &C::model, &GPTConfig::attention_dropout, "Dropout on attention weights."),
+      field("model.attention_backend", &C::model, &GPTConfig::attention_backend,
+            "auto = scaled_dot_product_attention on LibTorch 2.x; unfused = explicit softmax(QK^T)V."),
       field("model.layernorm_epsilon", &C::model, &GPTConfig::layernorm_epsilon, "LayerNorm epsilon."),
       field("model.init_method_std", &C::model, &GPTConfig::init_method_std,
             "Std of the normal weight initialisation (output projections: std / sqrt(2 x num_layers))."),
