@@ -98,11 +98,13 @@ bool MixedPrecision::copy_main_grads_and_unscale() {
       main_grad = grad.to(torch::kFloat32);
     }
   }
-  if (!grad_scaler_) return false;
+  if (!grad_scaler_ || main_params_.empty()) return false;
 
   // Megatron's _amp_foreach_non_finite_check_and_unscale_: one flag, read once.
   const double inv_scale = grad_scaler_->inv_scale();
-  torch::Tensor finite = torch::ones({1}, torch::kFloat32);
+  // On the parameters' device: the flag multiplies each grad's check in place, and CUDA grads cannot write into a
+  // CPU tensor. Its all-reduce then goes wherever that device's tensors go (NCCL for CUDA).
+  torch::Tensor finite = torch::ones({1}, main_params_.front().options().dtype(torch::kFloat32));
   for (torch::Tensor& main : main_params_) {
     const torch::Tensor& grad = main.grad();
     if (!grad.defined()) continue;
