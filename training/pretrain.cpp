@@ -11,6 +11,7 @@
 #include "parallel/tensor_parallel/random.h"
 #include "training/datasets/gpt_dataset.h"
 #include "training/pretrain_setup.h"
+#include "utils/host_allocator.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -212,6 +213,8 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
 TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
                         std::shared_ptr<CallbackManager> callbacks) {
   if (!step_fn) throw std::invalid_argument("pretrain: step_fn is empty; pass gpt_forward_step or your own");
+  // Before the model and the first step allocate: each step's large blocks are then reused, not faulted in again.
+  bridge::utils::logger().debug("host allocator: {}", bridge::utils::configure_host_allocator().detail);
   ParallelScope scope(config.parallelism);
   config.validate(parallel::get_world_size());
   scope.initialize_model_parallel(config.parallelism);
