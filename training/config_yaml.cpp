@@ -283,6 +283,9 @@ const std::vector<Field>& fields() {
             "Seed of the weight initialisation; any tp/pp layout starts from the same weights."),
       field("model.share_embeddings_and_output_weights", &C::model, &GPTConfig::share_embeddings_and_output_weights,
             "Tie the output layer to the word embedding (GPT-2)."),
+      field("model.gradient_accumulation_fusion", &C::model, &GPTConfig::gradient_accumulation_fusion,
+            "Weight gradients (GEMMs, embedding) add straight into the grad buffer (Megatron's fusion); off for "
+            "autograd::grad()."),
 
       field("train.micro_batch_size", &C::train, &TrainingConfig::micro_batch_size,
             "Samples per forward/backward pass on one rank."),

@@ -44,6 +44,10 @@ struct GPTConfig {
   /// Tie the output layer to the word embedding (GPT-2). With pp > 1 the last stage holds a copy whose gradient is
   /// summed with the first stage's over the embedding group.
   bool share_embeddings_and_output_weights = true;
+  /// Megatron's gradient_accumulation_fusion: each linear layer's weight-gradient GEMM, and the word embedding's
+  /// backward, add straight into the weight's main_grad in the DistributedDataParallel grad buffer (no temporary
+  /// gradient, no extra pass). Off for code that takes weight gradients with torch::autograd::grad().
+  bool gradient_accumulation_fusion = true;
 
   int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }

@@ -6,6 +6,7 @@
 
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
+#include "parallel/tensor_parallel/grad_accumulation_fusion.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/vocab_utils.h"
@@ -37,6 +38,7 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
   torch::NoGradGuard no_grad;
   if (options.pre_process) {
     tp::VocabParallelEmbeddingOptions word(padded_vocab_size_, config.hidden_size);
+    word.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
     word.init_method = init_method_for(config, kWordEmbeddingName, config.init_method_std);
     word_embeddings = register_module("word_embeddings", tp::VocabParallelEmbedding(word));
     position_embeddings =
@@ -82,8 +84,10 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   if (!options_.post_process) return hidden;
 
   hidden = final_layernorm(hidden);
-  torch::Tensor logits =
-      torch::linear(tp::copy_to_tensor_model_parallel_region(hidden), shared_embedding_or_output_weight());
+  // A tied weight takes the embedding's gradient through autograd and this GEMM's straight into its main_grad.
+  torch::Tensor logits = tp::linear_with_grad_accumulation(tp::copy_to_tensor_model_parallel_region(hidden),
+                                                           shared_embedding_or_output_weight(), /*bias=*/{},
+                                                           config_.gradient_accumulation_fusion);
   if (!labels.defined()) return logits.transpose(0, 1);
   // Cross entropy on fp32 logits also for a bf16/fp16 model, as Megatron (fp16_lm_cross_entropy off).
   return tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat32), labels.transpose(0, 1))

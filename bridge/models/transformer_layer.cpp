@@ -54,9 +54,11 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
   // The master QKV weight is [Q; K; V]; stride 3 gives each rank the rows of its own heads in each of Q, K and V.
   tp::ColumnParallelLinearOptions qkv(h, 3 * h);
   qkv.stride = 3;
+  qkv.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   qkv.init_method = init_method_for(config, prefix + "linear_qkv.weight", config.init_method_std);
   linear_qkv = register_module("linear_qkv", tp::ColumnParallelLinear(qkv));
   tp::RowParallelLinearOptions proj(h, h);
+  proj.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   proj.init_method = init_method_for(config, prefix + "linear_proj.weight", output_layer_std(config));
   linear_proj = register_module("linear_proj", tp::RowParallelLinear(proj));
 }
@@ -108,9 +110,11 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
 
 MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) {
   tp::ColumnParallelLinearOptions fc1(config.hidden_size, config.ffn_size());
+  fc1.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   fc1.init_method = init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std);
   linear_fc1 = register_module("linear_fc1", tp::ColumnParallelLinear(fc1));
   tp::RowParallelLinearOptions fc2(config.ffn_size(), config.hidden_size);
+  fc2.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   fc2.init_method = init_method_for(config, prefix + "linear_fc2.weight", output_layer_std(config));
   linear_fc2 = register_module("linear_fc2", tp::RowParallelLinear(fc2));
 }

@@ -400,14 +400,16 @@ torch::Tensor DistributedDataParallel::main_grad(const torch::Tensor& param) con
   return impl_->slots[found->second].grad;
 }
 
-torch::Tensor main_grad(const torch::Tensor& param) {
+torch::Tensor wrapped_main_grad(const torch::Tensor& param) {
   if (!param.defined()) return {};
-  {
-    std::lock_guard<std::mutex> lock(main_grad_mutex());
-    const auto found = main_grads().find(param.unsafeGetTensorImpl());
-    if (found != main_grads().end()) return found->second;
-  }
-  return param.grad();
+  std::lock_guard<std::mutex> lock(main_grad_mutex());
+  const auto found = main_grads().find(param.unsafeGetTensorImpl());
+  return found != main_grads().end() ? found->second : torch::Tensor();
+}
+
+torch::Tensor main_grad(const torch::Tensor& param) {
+  torch::Tensor wrapped = wrapped_main_grad(param);
+  return wrapped.defined() || !param.defined() ? wrapped : param.grad();
 }
 
 int64_t DistributedDataParallel::buckets_started() const { return impl_->started; }

@@ -94,4 +94,8 @@ class DistributedDataParallel {
 /// grad norm, clipping and the tied-embedding sync read gradients through this).
 torch::Tensor main_grad(const torch::Tensor& param);
 
+/// main_grad of whichever live DistributedDataParallel wraps `param`, or an undefined tensor for a parameter none wraps
+/// (the linear layers' gradient accumulation fusion adds into it only where it exists).
+torch::Tensor wrapped_main_grad(const torch::Tensor& param);
+
 }  // namespace bridge::parallel::distributed

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/grad_accumulation_fusion.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/vocab_utils.h"
@@ -89,8 +90,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
   const torch::Tensor input_parallel = copy_to_tensor_model_parallel_region(input);
-  const torch::Tensor output_parallel =
-      torch::linear(input_parallel, weight, options.skip_bias_add ? torch::Tensor() : bias);
+  const torch::Tensor output_parallel = linear_with_grad_accumulation(
+      input_parallel, weight, options.skip_bias_add ? torch::Tensor() : bias, options.gradient_accumulation_fusion);
   return options.gather_output ? gather_from_tensor_model_parallel_region(output_parallel) : output_parallel;
 }
 
@@ -115,10 +116,14 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions opts) : op
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
   // Alone, there is no reduction to wait for: the bias joins the GEMM (addmm).
-  if (!options.skip_bias_add && get_tensor_model_parallel_world_size() == 1) return torch::linear(input, weight, bias);
+  const bool fusion = options.gradient_accumulation_fusion;
+  if (!options.skip_bias_add && get_tensor_model_parallel_world_size() == 1) {
+    return linear_with_grad_accumulation(input, weight, bias, fusion);
+  }
   const torch::Tensor input_parallel =
       options.input_is_parallel ? input : scatter_to_tensor_model_parallel_region(input);
-  const torch::Tensor output = reduce_from_tensor_model_parallel_region(torch::linear(input_parallel, weight));
+  const torch::Tensor output =
+      reduce_from_tensor_model_parallel_region(linear_with_grad_accumulation(input_parallel, weight, {}, fusion));
   return options.skip_bias_add || !bias.defined() ? output : output + bias;
 }
 
@@ -145,11 +150,13 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& input_ids
     throw std::invalid_argument("VocabParallelEmbedding: input_ids must be int64 (or int32), got " +
                                 std::string(c10::toString(input_ids.scalar_type())));
   }
-  if (get_tensor_model_parallel_world_size() == 1) return torch::embedding(weight, input_ids);
+  const bool fusion = options.gradient_accumulation_fusion;
+  if (get_tensor_model_parallel_world_size() == 1) return embedding_with_grad_accumulation(weight, input_ids, fusion);
   // Ids owned by another rank look up row 0 here and are zeroed, so the all-reduce adds exactly one real row.
   const torch::Tensor foreign = (input_ids < vocab_start_index) | (input_ids >= vocab_end_index);
   const torch::Tensor local_ids = (input_ids - vocab_start_index).masked_fill(foreign, 0);
-  const torch::Tensor output_parallel = torch::embedding(weight, local_ids).masked_fill(foreign.unsqueeze(-1), 0.0);
+  const torch::Tensor output_parallel =
+      embedding_with_grad_accumulation(weight, local_ids, fusion).masked_fill(foreign.unsqueeze(-1), 0.0);
   return reduce_from_tensor_model_parallel_region(output_parallel);
 }
 

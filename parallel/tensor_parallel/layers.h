@@ -36,6 +36,9 @@ struct ColumnParallelLinearOptions {
   int64_t stride = 1;
   /// Leaves the bias out of forward; the caller adds the public `bias` (e.g. fused into a later op).
   bool skip_bias_add = false;
+  /// Megatron's gradient_accumulation_fusion: the weight's gradient GEMM adds into its main_grad
+  /// (grad_accumulation_fusion.h).
+  bool gradient_accumulation_fusion = false;
   InitMethod init_method;
   torch::Dtype params_dtype = torch::kFloat32;
 };
@@ -59,6 +62,8 @@ struct RowParallelLinearOptions {
   /// The input is already split along its last dim (the output of a ColumnParallelLinear); else it is scattered.
   bool input_is_parallel = true;
   bool skip_bias_add = false;
+  /// As ColumnParallelLinearOptions::gradient_accumulation_fusion.
+  bool gradient_accumulation_fusion = false;
   InitMethod init_method;
   torch::Dtype params_dtype = torch::kFloat32;
 };
@@ -79,6 +84,9 @@ struct VocabParallelEmbeddingOptions {
   VocabParallelEmbeddingOptions(int64_t vocab, int64_t dim) : num_embeddings(vocab), embedding_dim(dim) {}
   int64_t num_embeddings;  ///< the padded vocabulary size, divisible by tp
   int64_t embedding_dim;
+  /// As ColumnParallelLinearOptions::gradient_accumulation_fusion: the looked-up rows' gradients are added into the
+  /// weight's main_grad.
+  bool gradient_accumulation_fusion = false;
   InitMethod init_method;
   torch::Dtype params_dtype = torch::kFloat32;
 };
