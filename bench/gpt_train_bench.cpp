@@ -1,10 +1,12 @@
 // GPT training throughput through bridge's real pretrain(config, gpt_forward_step, callbacks), one process (tp = pp
 // = dp = 1) on mock data, for comparison with the same model and step in Python PyTorch (gpt_train_bench.py, run
 // side by side by run_gpt_train_bench.sh). Prints one machine-readable line:
-//   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> attention=<a> dtype=<d>
+//   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> attention=<a> dtype=<d> torch=<v>
+//       model_gflops=<per step> peak_rss_mb=<this process's peak resident memory>
 // --attention unfused times the explicit softmax attention against the default (SDPA on LibTorch 2.x).
 //
 //   gpt_train_bench --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4
+#include <sys/resource.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 
 #include "bench/gpt_bench_model.h"
 #include "bridge/bridge.h"
+#include "training/utils/flop_utils.h"
 
 namespace {
 
@@ -39,9 +42,11 @@ int main(int argc, char** argv) {
       "warmup-steps", "untimed steps before them", cxxopts::value<int64_t>()->default_value("2"))(
       "threads", "intra-op threads", cxxopts::value<int>()->default_value("2"))(
       "attention", "auto (SDPA on LibTorch 2.x) or unfused (explicit softmax)",
-      cxxopts::value<std::string>()->default_value("auto"))(
-      "dtype", "fp32 or bf16 (bf16_mixed)", cxxopts::value<std::string>()->default_value("fp32"))("h,help",
-                                                                                                  "print this help");
+      cxxopts::value<std::string>()->default_value("auto"))("dtype", "fp32 or bf16 (bf16_mixed)",
+                                                            cxxopts::value<std::string>()->default_value("fp32"))(
+      "gradient-accumulation-fusion",
+      "weight-gradient GEMMs add into the grad buffer (model.gradient_accumulation_fusion)",
+      cxxopts::value<bool>()->default_value("true"))("h,help", "print this help");
   try {
     const cxxopts::ParseResult args = options.parse(argc, argv);
     if (args.count("help")) {
@@ -56,6 +61,7 @@ int main(int argc, char** argv) {
     config.train.global_batch_size = config.train.micro_batch_size;  // one micro-batch per step
     config.train.train_iters = warmup + steps;
     config.train.num_threads = threads;
+    config.model.gradient_accumulation_fusion = args["gradient-accumulation-fusion"].as<bool>();
     const std::string attention = args["attention"].as<std::string>();
     if (attention != "auto" && attention != "unfused") {
       throw std::invalid_argument("--attention must be auto or unfused, got " + attention);
@@ -131,9 +137,17 @@ int main(int argc, char** argv) {
       std::printf(" %s=%.2f", phase, median(phase_ms[phase]));
     }
     std::printf("\n");
-    std::printf("cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s torch=%s\n",
-                tokens / (ms / 1000.0), ms, step_ms.size(), threads, static_cast<long long>(params),
-                attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION);
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
+    const double gflops =
+        bridge::training::utils::num_floating_point_operations(config.model, config.train.micro_batch_size, /*tp=*/1) /
+        1e9;
+    std::printf(
+        "cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s torch=%s "
+        "model_gflops=%.2f peak_rss_mb=%.0f\n",
+        tokens / (ms / 1000.0), ms, step_ms.size(), threads, static_cast<long long>(params),
+        attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION, gflops,
+        static_cast<double>(usage.ru_maxrss) / 1024.0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train_bench: %s\n", e.what());
     return 1;

@@ -2,17 +2,18 @@
 tp = pp = dp = 1, op for op and shape for shape, on the same LibTorch (Debian's python3-torch 1.13), so that the
 ratio of the two isolates what bridge's C++ loop costs or saves. run_gpt_train_bench.sh runs both side by side.
 Attention is scaled_dot_product_attention where the LibTorch has it (2.x), as bridge's AttnBackend::kAuto, or the
-explicit softmax with --attention unfused; --adamw picks torch.optim.AdamW's implementation (bridge's pretrain() runs
-torch::optim::AdamW's per-parameter loop, i.e. "loop", until FusedAdamW is wired into build_optimizer); --dtype bf16
-keeps the model and optimizer in bfloat16.
+explicit softmax with --attention unfused; --adamw picks torch.optim.AdamW's implementation (fused by default, the
+kernel bridge's FusedAdamW runs on LibTorch 2.x; 1.x has only the loop); --dtype bf16 keeps the model and optimizer in
+bfloat16.
 Prints one machine-readable line:
-  python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count>
+  python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> ... peak_rss_mb=<peak resident>
 
   /usr/bin/python3 bench/gpt_train_bench.py --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 \
       --micro-batch 4 --steps 4
 """
 import argparse
 import math
+import resource
 import statistics
 import time
 
@@ -106,11 +107,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--attention", choices=["auto", "unfused"], default="auto",
                         help="auto: scaled_dot_product_attention where torch has it; unfused: explicit softmax")
-    parser.add_argument("--adamw", choices=["loop", "foreach", "fused"], default="loop",
-                        help="torch.optim.AdamW's implementation (loop: what bridge's pretrain() runs today)")
+    parser.add_argument("--adamw", choices=["loop", "foreach", "fused"], default=None,
+                        help="torch.optim.AdamW's implementation (default: fused on torch 2.x, as bridge; else loop)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     args = parser.parse_args()
     sdpa = args.attention == "auto" and hasattr(F, "scaled_dot_product_attention")
+    if args.adamw is None:
+        args.adamw = "fused" if torch.__version__.startswith("2") else "loop"
     if args.adamw != "loop" and not torch.__version__.startswith("2"):
         parser.error(f"--adamw {args.adamw} needs torch 2.x, this is {torch.__version__}")
 
@@ -170,7 +173,8 @@ def main():
     print("python phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
     print(f"python tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} steps={len(step_ms)} "
           f"threads={args.threads} params={num_params} attention={'sdpa' if sdpa else 'unfused'} "
-          f"adamw={args.adamw} dtype={args.dtype} torch={torch.__version__.split('+')[0]}", flush=True)
+          f"adamw={args.adamw} dtype={args.dtype} torch={torch.__version__.split('+')[0]} "
+          f"peak_rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # GPT training throughput: bridge's pretrain() in C++ (gpt_train_bench) against the same model and step in Python
-# PyTorch (gpt_train_bench.py) on the SAME LibTorch the build uses (a build against a PyPI wheel runs that venv's
-# python; one against Debian's LibTorch runs /usr/bin/python3), for a small GPT and GPT-2 124M (micro-batch 4, seq
-# 64), at each thread count. Builds nothing: build gpt_train_bench (and adamw_step_bench for --adamw) first. Runs
-# alternate C++, Python, C++, Python ... so that drift in the machine's load hits both; prints per row the median
-# tokens/s of each side with the min and max over the rounds, and the ratio C++/Python of the medians (above 1: C++
-# is faster).
+# PyTorch eager (gpt_train_bench.py) on the SAME LibTorch the build uses (a build against a PyPI wheel runs that venv's
+# python; one against Debian's LibTorch runs /usr/bin/python3), and both against the machine's GEMM peak through that
+# LibTorch (gemm_peak_bench), for a small GPT and GPT-2 124M (micro-batch 4, seq 64), per thread count and dtype.
+# Builds nothing: build gpt_train_bench and gemm_peak_bench (and adamw_step_bench for --adamw) first. Each round runs
+# the GEMM probe, C++, Python, so that drift in the machine's load hits all three alike. Prints per row the median
+# tokens/s of each side (min-max over the rounds), the ratio C++/Python of the medians (above 1: C++ is faster), each
+# side's model FLOP/s as a percentage of the median fp32 GEMM peak at that thread count, and each side's peak resident
+# memory; then each side's speed-up from 1 to 2 threads and bf16's speed against fp32.
 #
 # Usage: bench/run_gpt_train_bench.sh [options]
 #   --build DIR            build directory (build)
@@ -13,7 +15,7 @@
 #   --threads "1 2"        intra-op thread counts, one table row each (1 2)
 #   --rounds N             alternating rounds per row (3)
 #   --configs "small gpt2-124M"   which models (both)
-#   --dtype fp32|bf16      bf16: Python's model in bfloat16, bridge's bf16_mixed recipe (fp32)
+#   --dtypes "fp32 bf16"   bf16: Python's model in bfloat16, bridge's bf16_mixed recipe (fp32 bf16)
 #   --attention            also time both sides with the explicit softmax attention (--attention unfused)
 #   --adamw                also time the optimizer step alone on 124M parameters (adamw_step_bench{,.py})
 set -euo pipefail
@@ -22,7 +24,7 @@ python=
 thread_counts="1 2"
 rounds=3
 config_names="small gpt2-124M"
-dtype=fp32
+dtypes="fp32 bf16"
 compare_attention=0
 adamw=0
 while [[ $# -gt 0 ]]; do
@@ -32,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     --threads) thread_counts=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --configs) config_names=$2; shift 2 ;;
-    --dtype) dtype=$2; shift 2 ;;
+    --dtypes) dtypes=$2; shift 2 ;;
     --attention) compare_attention=1; shift ;;
     --adamw) adamw=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -41,7 +43,10 @@ while [[ $# -gt 0 ]]; do
 done
 cd "$(dirname "$0")/.."
 cpp="$build/bench/gpt_train_bench"
-[[ -x "$cpp" ]] || { echo "no $cpp: cmake --build $build --target gpt_train_bench" >&2; exit 1; }
+gemm="$build/bench/gemm_peak_bench"
+for program in "$cpp" "$gemm"; do
+  [[ -x "$program" ]] || { echo "no $program: cmake --build $build --target $(basename "$program")" >&2; exit 1; }
+done
 if [[ -z "$python" ]]; then
   # Torch_DIR of a PyPI wheel is <venv>/lib/pythonX.Y/site-packages/torch/share/cmake/Torch.
   torch_dir=$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
@@ -55,6 +60,7 @@ fi
 unset OMP_NUM_THREADS
 echo "C++: $cpp ($(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt" 2>/dev/null))"
 echo "Python: $python (torch $("$python" -c 'import torch; print(torch.__version__)'))"
+echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
 
 # name|flags: the small GPT steps in well under a second; GPT-2 124M (50257 -> 50304 vocab) takes seconds a step.
 declare -A configs=(
@@ -68,17 +74,20 @@ trap 'rm -f "$results"' EXIT
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for name in $config_names; do
   flags=${configs[$name]:?unknown config $name (small, gpt2-124M)}
-  for threads in $thread_counts; do
-    for ((r = 0; r < rounds; ++r)); do
-      for attention in "${variants[@]}"; do
-        for side in cpp python; do
-          [[ $side == cpp ]] && program=("$cpp") || program=("$python" bench/gpt_train_bench.py)
-          # shellcheck disable=SC2086
-          "${program[@]}" $flags --threads "$threads" --attention "$attention" --dtype "$dtype" 2>/dev/null |
-            grep -E '^(cpp|python) tokens_per_s' | sed "s/^/$name /" | tee -a "$results" || {
-            echo "$side $name failed: ${program[*]} $flags --threads $threads --attention $attention --dtype $dtype" >&2
-            exit 1
-          }
+  for dtype in $dtypes; do
+    for threads in $thread_counts; do
+      for ((r = 0; r < rounds; ++r)); do
+        "$gemm" --threads "$threads" --dtype fp32 | tee -a "$results"
+        for attention in "${variants[@]}"; do
+          for side in cpp python; do
+            [[ $side == cpp ]] && program=("$cpp") || program=("$python" bench/gpt_train_bench.py)
+            # shellcheck disable=SC2086
+            "${program[@]}" $flags --threads "$threads" --attention "$attention" --dtype "$dtype" 2>/dev/null |
+              grep -E '^(cpp|python) tokens_per_s' | sed "s/^/$name /" | tee -a "$results" || {
+              echo "$side $name failed: ${program[*]} $flags --threads $threads --attention $attention --dtype $dtype" >&2
+              exit 1
+            }
+          done
         done
       done
     done
@@ -97,41 +106,69 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 import statistics
 import sys
 
-train, adamw = {}, {}  # row key -> list of one run's fields
+train, adamw, peak = {}, {}, {}  # row key -> list of one run's fields; threads -> fp32 GEMM GFLOP/s of each round
 for line in open(sys.argv[1]):
     words = line.split()
+    values = dict(w.split("=", 1) for w in words if "=" in w)
+    if words[0] == "gemm_peak":
+        peak.setdefault(values["threads"], []).append(float(values["gflops"]))
+        continue
     if words[0] in ("cpp_adamw", "python_adamw"):
-        values = dict(w.split("=", 1) for w in words[1:])
         adamw.setdefault((values["threads"], words[0].split("_")[0], values["impl"]), []).append(values)
         continue
-    config, who, *fields = words
-    values = dict(field.split("=", 1) for field in fields if "=" in field)
+    config, who = words[0], words[1]
     train.setdefault((config, values["threads"], values["attention"], values["dtype"]), {}).setdefault(who, []).append(
         values)
 
 
-def spread(values):
-    return f"{statistics.median(values):8.1f} ({min(values):.1f}-{max(values):.1f})"
+def spread(values, width=6):
+    return f"{statistics.median(values):{width}.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
+def median_of(rows, field):
+    return statistics.median(float(r[field]) for r in rows)
+
+
+if peak:
+    print("fp32 GEMM peak (2048^3 at::mm), GFLOP/s: median (min-max) of the rounds' best")
+    for threads, gflops in sorted(peak.items()):
+        print(f"  threads {threads}: {spread(gflops)}")
+speed = {}  # (config, threads, attention, dtype, side) -> median tokens/s
 if train:
-    print("tokens/s, median (min-max) over the rounds; C++/Py: ratio of the medians; step: median ms")
-    print(f"{'config':<10} {'thr':>3} {'attention':<9} {'dtype':<5} {'C++ tok/s':>22} {'Py tok/s':>22} "
-          f"{'C++/Py':>6} {'C++ ms':>8} {'Py ms':>8} params")
+    print("tokens/s: median (min-max) over the rounds; C++/Py: ratio of the medians; ms: median step; %peak: model "
+          "FLOP/s over the fp32 GEMM peak; MB: peak resident memory")
+    print(f"{'config':<10} {'thr':>3} {'attention':<9} {'dtype':<5} {'C++ tok/s':>20} {'Py tok/s':>20} {'C++/Py':>6} "
+          f"{'C++ ms':>7} {'Py ms':>7} {'C++%pk':>6} {'Py%pk':>6} {'C++ MB':>6} {'Py MB':>6} params")
 for (config, threads, attention, dtype), sides in train.items():
     cpp, py = sides.get("cpp", []), sides.get("python", [])
     if not cpp or not py:
         continue
     cpp_tps = [float(r["tokens_per_s"]) for r in cpp]
     py_tps = [float(r["tokens_per_s"]) for r in py]
+    for side, tps in (("cpp", cpp_tps), ("python", py_tps)):
+        speed[(config, threads, cpp[0]["attention"], dtype, side)] = statistics.median(tps)
     params = {r["params"] for r in cpp + py}
     same = params.pop() if len(params) == 1 else "MISMATCH " + "/".join(sorted(params))
     versions = {r.get("torch", "?") for r in cpp + py}
     same += "" if len(versions) == 1 else " TORCH MISMATCH " + "/".join(sorted(versions))
-    print(f"{config:<10} {threads:>3} {cpp[0]['attention']:<9} {dtype:<5} {spread(cpp_tps):>22} {spread(py_tps):>22} "
-          f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} "
-          f"{statistics.median(float(r['step_ms']) for r in cpp):8.1f} "
-          f"{statistics.median(float(r['step_ms']) for r in py):8.1f} {same}")
+    cpp_ms, py_ms = median_of(cpp, "step_ms"), median_of(py, "step_ms")
+    gemm = statistics.median(peak[threads]) if threads in peak else float("nan")
+    flops = median_of(cpp, "model_gflops")  # the same model on both sides
+    print(f"{config:<10} {threads:>3} {cpp[0]['attention']:<9} {dtype:<5} {spread(cpp_tps):>20} {spread(py_tps):>20} "
+          f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} {cpp_ms:7.0f} {py_ms:7.0f} "
+          f"{100 * flops / (cpp_ms / 1000) / gemm:6.1f} {100 * flops / (py_ms / 1000) / gemm:6.1f} "
+          f"{median_of(cpp, 'peak_rss_mb'):6.0f} {median_of(py, 'peak_rss_mb'):6.0f} {same}")
+scaling = []
+for (config, threads, attention, dtype, side), tps in sorted(speed.items()):
+    if threads == "2" and (config, "1", attention, dtype, side) in speed:
+        scaling.append(f"  {config:<10} {attention:<9} {dtype:<5} {side:<6} 1 -> 2 threads: "
+                       f"{tps / speed[(config, '1', attention, dtype, side)]:.2f}x")
+    if dtype == "bf16" and (config, threads, attention, "fp32", side) in speed:
+        scaling.append(f"  {config:<10} {attention:<9} thr {threads} {side:<6} bf16 / fp32: "
+                       f"{tps / speed[(config, threads, attention, 'fp32', side)]:.2f}x")
+if scaling:
+    print("speed-ups (ratios of median tokens/s)")
+    print("\n".join(scaling))
 if adamw:
     print("optimizer step on GPT-2 124M parameters, ms: median of the rounds' medians (min-max of the rounds' medians)")
     for (threads, who, impl), rows in sorted(adamw.items()):
