@@ -6,8 +6,8 @@
 # Builds nothing: build gpt_train_bench and gemm_peak_bench (and adamw_step_bench for --adamw) first. Each round runs
 # the GEMM probe, C++, Python, so that drift in the machine's load hits all three alike. Prints per row the median
 # tokens/s of each side (min-max over the rounds), the ratio C++/Python of the medians (above 1: C++ is faster), each
-# side's model FLOP/s as a percentage of the median fp32 GEMM peak at that thread count, and each side's peak resident
-# memory; then each side's speed-up from 1 to 2 threads and bf16's speed against fp32.
+# side's model FLOP/s as a percentage of the sustained fp32 GEMM peak at that thread count, and each side's peak
+# resident memory; then each side's speed-up from 1 to 2 threads and bf16's speed against fp32.
 #
 # Usage: bench/run_gpt_train_bench.sh [options]
 #   --build DIR            build directory (build)
@@ -110,8 +110,8 @@ train, adamw, peak = {}, {}, {}  # row key -> list of one run's fields; threads 
 for line in open(sys.argv[1]):
     words = line.split()
     values = dict(w.split("=", 1) for w in words if "=" in w)
-    if words[0] == "gemm_peak":
-        peak.setdefault(values["threads"], []).append(float(values["gflops"]))
+    if words[0] == "gemm_peak":  # a step lasts seconds: its yardstick is the sustained (median) GEMM rate
+        peak.setdefault(values["threads"], []).append((float(values["median_gflops"]), float(values["gflops"])))
         continue
     if words[0] in ("cpp_adamw", "python_adamw"):
         adamw.setdefault((values["threads"], words[0].split("_")[0], values["impl"]), []).append(values)
@@ -130,9 +130,10 @@ def median_of(rows, field):
 
 
 if peak:
-    print("fp32 GEMM peak (2048^3 at::mm), GFLOP/s: median (min-max) of the rounds' best")
-    for threads, gflops in sorted(peak.items()):
-        print(f"  threads {threads}: {spread(gflops)}")
+    print("fp32 GEMM peak (2048^3 at::mm), GFLOP/s: median (min-max) over the rounds of each probe's median of 12 "
+          "products, [and of its fastest product]")
+    for threads, probes in sorted(peak.items()):
+        print(f"  threads {threads}: {spread([p[0] for p in probes])} [{spread([p[1] for p in probes])}]")
 speed = {}  # (config, threads, attention, dtype, side) -> median tokens/s
 if train:
     print("tokens/s: median (min-max) over the rounds; C++/Py: ratio of the medians; ms: median step; %peak: model "
@@ -152,7 +153,7 @@ for (config, threads, attention, dtype), sides in train.items():
     versions = {r.get("torch", "?") for r in cpp + py}
     same += "" if len(versions) == 1 else " TORCH MISMATCH " + "/".join(sorted(versions))
     cpp_ms, py_ms = median_of(cpp, "step_ms"), median_of(py, "step_ms")
-    gemm = statistics.median(peak[threads]) if threads in peak else float("nan")
+    gemm = statistics.median(p[0] for p in peak[threads]) if threads in peak else float("nan")
     flops = median_of(cpp, "model_gflops")  # the same model on both sides
     print(f"{config:<10} {threads:>3} {cpp[0]['attention']:<9} {dtype:<5} {spread(cpp_tps):>20} {spread(py_tps):>20} "
           f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} {cpp_ms:7.0f} {py_ms:7.0f} "
