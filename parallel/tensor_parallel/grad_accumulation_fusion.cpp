@@ -3,8 +3,6 @@
 // accumulates its weight's gradient into the weight's main_grad when fusion applies, else returns it to autograd.
 #include "parallel/tensor_parallel/grad_accumulation_fusion.h"
 
-#include <optional>
-
 #include "parallel/distributed/distributed_data_parallel.h"
 
 namespace bridge::parallel::tensor_parallel {
@@ -25,8 +23,9 @@ torch::Tensor accumulation_target(const torch::Tensor& weight) {
 
 struct LinearWithGradAccumulation : torch::autograd::Function<LinearWithGradAccumulation> {
   // The bias is optional rather than an undefined tensor: a custom function's tensor inputs must be defined.
+  // c10::optional: std::optional itself on LibTorch 2.x, its own type on 1.x.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, const torch::Tensor& weight,
-                               const std::optional<torch::Tensor>& bias) {
+                               const c10::optional<torch::Tensor>& bias) {
     ctx->save_for_backward({input, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
     return at::linear(input, weight, bias);
@@ -95,7 +94,7 @@ torch::Tensor linear_with_grad_accumulation(const torch::Tensor& input, const to
     return at::linear(input, weight, bias);
   }
   return LinearWithGradAccumulation::apply(input, weight,
-                                           bias.defined() ? std::optional<torch::Tensor>(bias) : std::nullopt);
+                                           bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt);
 }
 
 torch::Tensor embedding_with_grad_accumulation(const torch::Tensor& weight, const torch::Tensor& indices,
