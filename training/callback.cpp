@@ -65,6 +65,16 @@ void Callback::on_exception(CallbackContext&) {}
 
 std::string Callback::name() const { return utils::short_type_name(typeid(*this)); }
 
+std::string Callback::state_key() const { return name(); }
+StateDict Callback::state_dict() const { return {}; }
+void Callback::load_state_dict(const StateDict&) {}
+
+bool Callback::stateful() const {
+  static const Callback kBase;
+  return utils::overrides(*this, kBase, &Callback::state_dict) ||
+         utils::overrides(*this, kBase, &Callback::load_state_dict);
+}
+
 Callback::Method Callback::method_for(Event event) { return kMethods.at(static_cast<std::size_t>(event)); }
 
 bool Callback::overrides(Event event) const {

@@ -9,8 +9,18 @@
 //     void on_train_end(CallbackContext& ctx) override { ... }
 //   };
 //   manager.add(std::make_shared<Timing>());
+//
+// A callback with state that must survive a restart (a best loss, a counter) overrides state_dict() and
+// load_state_dict(), Composer's and Lightning's contract: checkpoints save it under state_key() and a resumed run
+// hands it back before on_checkpoint_load.
+//
+//   StateDict state_dict() const override { return {{"best", best_}}; }
+//   void load_state_dict(const StateDict& state) override { best_ = state.at("best").toDouble(); }
 #pragma once
 
+#include <ATen/core/ivalue.h>
+
+#include <map>
 #include <string>
 
 #include "training/callback_context.h"
@@ -18,12 +28,26 @@
 
 namespace bridge::training {
 
+/// A callback's saved state: numbers, bool, string, tensor, and lists and string-keyed dicts of those (what PyTorch's
+/// weights-only loader opens).
+using StateDict = std::map<std::string, c10::IValue>;
+
 class Callback {
  public:
   virtual ~Callback() = default;
 
   /// Shown in errors and control-request logs. Defaults to the class name without namespaces.
   virtual std::string name() const;
+
+  /// The key this callback's state is saved under in checkpoints; defaults to name(). Two stateful callbacks in one
+  /// manager must have different keys (Lightning's rule): give each instance its own key when a class is added twice.
+  virtual std::string state_key() const;
+  /// The state to save; empty by default.
+  virtual StateDict state_dict() const;
+  /// Restores what state_dict() returned in the run that saved the checkpoint.
+  virtual void load_state_dict(const StateDict& state);
+  /// Whether this object's class overrides state_dict or load_state_dict.
+  bool stateful() const;
 
   // One handler per event; each is a no-op unless overridden. They are defined out of line so that every shared
   // library sees the same base functions, which override detection compares against.

@@ -14,6 +14,20 @@ CallbackError::CallbackError(std::string callback, Event event, const std::strin
 void CallbackManager::add(const std::shared_ptr<Callback>& callback, RankFilter ranks) {
   if (!callback) throw std::invalid_argument("CallbackManager::add: the callback is null; pass a constructed object.");
   const std::string name = callback->name();
+  if (callback->stateful()) {
+    const std::string key = callback->state_key();
+    bool known = false;
+    for (const std::shared_ptr<Callback>& other : stateful_) {
+      if (other == callback) {
+        known = true;
+      } else if (other->state_key() == key) {
+        throw std::invalid_argument("CallbackManager::add: callbacks '" + other->name() + "' and '" + name +
+                                    "' both save their state under the key '" + key +
+                                    "'; override state_key() so that each has its own");
+      }
+    }
+    if (!known) stateful_.push_back(callback);
+  }
   for (Event event : all_events()) {
     if (!callback->overrides(event)) continue;
     registry_[index(event)].push_back(

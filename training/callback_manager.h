@@ -63,7 +63,8 @@ class CallbackManager {
   CallbackManager& operator=(const CallbackManager&) = delete;
 
   /// Registers the handlers that `callback`'s class overrides, also when it is held through a base pointer. Adding
-  /// the same object twice registers it twice.
+  /// the same object twice registers it twice. A stateful callback (see Callback::state_dict) whose state_key() another
+  /// stateful callback already has throws std::invalid_argument naming both.
   void add(const std::shared_ptr<Callback>& callback, RankFilter ranks = RankFilter::kAll);
   /// Registers each callback in list order.
   void add(const std::vector<std::shared_ptr<Callback>>& callbacks, RankFilter ranks = RankFilter::kAll);
@@ -102,6 +103,8 @@ class CallbackManager {
   UserState& user_state() noexcept { return user_state_; }
   /// Control requests made by callbacks and not yet acted on.
   TrainingControl& control() noexcept { return control_; }
+  /// The stateful callbacks, each once, in registration order; checkpoints save their state_dict() by state_key().
+  const std::vector<std::shared_ptr<Callback>>& stateful_callbacks() const noexcept { return stateful_; }
 
  private:
   struct Registration {
@@ -122,6 +125,7 @@ class CallbackManager {
   // registers more, without copying the list (no allocation on the fire path).
   std::array<std::vector<std::unique_ptr<const Registration>>, kNumEvents> registry_;
   std::size_t num_functions_ = 0;
+  std::vector<std::shared_ptr<Callback>> stateful_;
   UserState user_state_;
   TrainingControl control_;
   int rank_ = 0;

@@ -1,77 +1,113 @@
-// save_checkpoint: per-rank torch archives in Megatron's layout, atomic renames, then the tracker file.
+// save_checkpoint and load_checkpoint: the directory layout, the tracker, the tensor index in common.pt, the guard
+// against overwriting newer checkpoints, and the collectives that make every rank succeed or fail together.
 #include "training/checkpointing.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
+#include "training/callback_state.h"
+#include "training/checkpoint_state.h"
+#include "utils/durable_file.h"
 #include "utils/logging.h"
 #include "utils/strings.h"
+#include "utils/torch_pickle.h"
 
 namespace bridge::training {
 namespace fs = std::filesystem;
-
 namespace {
 
-std::string model_parallel_directory_name() {
-  char name[32];
-  const int tp = parallel::get_tensor_model_parallel_rank();
-  if (parallel::get_pipeline_model_parallel_world_size() == 1) {
-    std::snprintf(name, sizeof(name), "mp_rank_%02d", tp);
-  } else {
-    std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d", tp, parallel::get_pipeline_model_parallel_rank());
-  }
-  return name;
+using GenericDict = c10::impl::GenericDict;
+using GenericList = c10::impl::GenericList;
+
+constexpr char kTracker[] = "latest_checkpointed_iteration.txt";
+constexpr char kCommon[] = "common.pt";
+constexpr char kRankFile[] = "model_optim_rng.pt";
+
+std::string relative_rank_file() {
+  return model_parallel_directory_name(parallel::get_tensor_model_parallel_rank(),
+                                       parallel::get_pipeline_model_parallel_rank(),
+                                       parallel::get_pipeline_model_parallel_world_size()) +
+         "/" + kRankFile;
 }
 
-// Writes with `write(temporary_path)`, then renames over `path`: readers see the old file or the whole new one.
-template <class Write>
-void write_atomically(const fs::path& path, Write&& write) {
-  const fs::path temporary = path.string() + ".tmp";
+void write_pickle(const fs::path& path, const c10::IValue& value) { bridge::utils::save_torch_pickle(path, value); }
+
+GenericDict read_pickle(const fs::path& path) {
+  const c10::IValue value = bridge::utils::load_torch_pickle(path);
+  if (!value.isGenericDict())
+    throw std::runtime_error(path.string() + " does not hold a dict; not a bridge checkpoint");
+  return value.toGenericDict();
+}
+
+// Runs `work` on this rank and makes every rank learn whether it failed anywhere: a failure throws on every rank
+// (this rank's own exception, or one naming the failing ranks), so no rank waits at a collective the others left.
+template <class Work>
+void on_every_rank(const std::string& what, Work&& work) {
+  std::exception_ptr error;
   try {
-    write(temporary);
-    fs::rename(temporary, path);
-  } catch (const std::exception& error) {
-    std::error_code ignored;
-    fs::remove(temporary, ignored);
-    throw std::runtime_error("saving checkpoint file " + path.string() + " failed: " + error.what() +
-                             ". Check that checkpoint.save is writable and has space.");
+    work();
+  } catch (...) {
+    error = std::current_exception();
   }
+  parallel::ProcessGroup& world = parallel::get_world_group();
+  torch::Tensor failed = torch::zeros({world.size()}, torch::kLong);
+  failed[world.rank()] = error ? 1 : 0;
+  world.all_reduce(failed);
+  if (failed.sum().item<int64_t>() == 0) return;
+  if (error) std::rethrow_exception(error);
+  std::vector<int> ranks;
+  for (int r = 0; r < world.size(); ++r) {
+    if (failed[r].item<int64_t>() != 0) ranks.push_back(r);
+  }
+  throw std::runtime_error(what + " failed on rank(s) " + bridge::utils::join(ranks, ", ") + "; see their errors");
 }
 
-// The model chunks, optimizer, scheduler position, progress counters and RNG streams: what a resume needs.
-void write_rank_state(const PretrainSetup& setup, int64_t iteration, const fs::path& path) {
-  torch::serialize::OutputArchive archive;
-  for (std::size_t i = 0; i < setup.model.size(); ++i) {
-    torch::serialize::OutputArchive chunk;
-    setup.model[i]->save(chunk);
-    archive.write("model" + std::to_string(i), chunk);
-  }
-  torch::serialize::OutputArchive optimizer;
-  setup.optimizer->save(optimizer);
-  if (setup.mixed_precision) {
-    // Megatron's fp32_from_fp16_params: the fp32 main params, which the bf16/fp16 model only rounds.
-    const std::vector<torch::Tensor>& main_params = setup.mixed_precision->main_params();
-    for (std::size_t i = 0; i < main_params.size(); ++i) {
-      optimizer.write("fp32_from_fp16_params/" + std::to_string(i), main_params[i].detach());
+std::string shape_text(c10::IntArrayRef shape) { return c10::str(shape); }
+
+// The iterations of the complete (common.pt present) and incomplete iter_* directories under `root`.
+std::map<int64_t, bool> checkpoint_iterations(const fs::path& root) {
+  std::map<int64_t, bool> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != 12 || name.rfind("iter_", 0) != 0 || !entry.is_directory()) continue;
+    try {
+      found[std::stoll(name.substr(5))] = fs::exists(entry.path() / kCommon);
+    } catch (const std::exception&) {
     }
   }
-  archive.write("optimizer", optimizer);
-  const TrainState& train_state = setup.state.train_state;
-  archive.write("iteration", torch::tensor(iteration, torch::kLong));
-  archive.write("consumed_train_samples", torch::tensor(train_state.consumed_train_samples, torch::kLong));
-  archive.write("consumed_valid_samples", torch::tensor(train_state.consumed_valid_samples, torch::kLong));
-  archive.write("scheduler_num_steps", torch::tensor(setup.scheduler->num_steps(), torch::kLong));
-  archive.write("rng_default", at::detail::getDefaultCPUGenerator().get_state());
-  for (const auto& [name, state] : parallel::tensor_parallel::get_rng_tracker().get_states()) {
-    archive.write("rng_tracker/" + name, state);
+  return found;
+}
+
+// checkpoint.most_recent_k: deletes complete checkpoints older than the newest k, and leftovers of interrupted
+// saves older than the newest; only after the new one is complete and named by the tracker.
+void delete_old_checkpoints(const fs::path& root, int64_t newest, int64_t keep) {
+  if (keep < 1) return;
+  const std::map<int64_t, bool> found = checkpoint_iterations(root);
+  int64_t kept = 0;
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    const auto [iteration, complete] = *it;
+    if (iteration > newest) continue;
+    if (complete && kept < keep) {
+      ++kept;
+      continue;
+    }
+    std::error_code error;
+    fs::remove_all(root / checkpoint_directory_name(iteration), error);
+    if (error) {
+      bridge::utils::logger().warn("checkpoint.most_recent_k: could not delete {}: {}",
+                                   (root / checkpoint_directory_name(iteration)).string(), error.message());
+    }
   }
-  archive.save_to(path.string());
 }
 
 }  // namespace
@@ -82,52 +118,325 @@ std::string checkpoint_directory_name(int64_t iteration) {
   return name;
 }
 
+std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& directory) {
+  if (directory.empty()) return std::nullopt;
+  const fs::path tracker = fs::path(directory) / kTracker;
+  if (!fs::exists(tracker)) return std::nullopt;
+  std::string text = bridge::utils::read_file(tracker);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  try {
+    std::size_t used = 0;
+    const int64_t iteration = std::stoll(text, &used);
+    if (used == text.size() && iteration >= 0) return iteration;
+  } catch (const std::exception&) {
+  }
+  throw std::runtime_error(tracker.string() + " holds '" + text +
+                           "', not an iteration number; fix or delete it (the iter_* directories name the "
+                           "checkpoints)");
+}
+
 std::string save_checkpoint(PretrainSetup& setup) {
   const int64_t iteration = setup.state.train_state.step;
   const fs::path root(setup.config.checkpoint.save);
   const fs::path directory = root / checkpoint_directory_name(iteration);
-  parallel::ProcessGroup& world = parallel::get_world_group();
-  std::string error;
-  if (setup.data_parallel_rank == 0) {
-    try {
-      const fs::path rank_directory = directory / model_parallel_directory_name();
-      fs::create_directories(rank_directory);
-      write_atomically(rank_directory / "model_optim_rng.pt",
-                       [&](const fs::path& path) { write_rank_state(setup, iteration, path); });
-    } catch (const std::exception& failure) {
-      error = failure.what();
-      bridge::utils::logger().error("saving checkpoint iteration {} under {} failed: {}", iteration, directory.string(),
-                                    error);
-    }
-  }
-  // Every rank learns whether every write succeeded (instead of some waiting at a barrier for a rank that failed).
-  torch::Tensor failed = torch::zeros({world.size()}, torch::kLong);
-  failed[world.rank()] = error.empty() ? 0 : 1;
-  world.all_reduce(failed);
-  if (failed.sum().item<int64_t>() > 0) {
-    std::vector<int> ranks;
-    for (int r = 0; r < world.size(); ++r) {
-      if (failed[r].item<int64_t>() != 0) ranks.push_back(r);
-    }
-    throw std::runtime_error("saving checkpoint iteration " + std::to_string(iteration) + " under " +
-                             directory.string() + " failed on rank(s) " + bridge::utils::join(ranks, ", ") +
-                             (error.empty() ? std::string("; see their logs") : ": " + error) +
-                             ". latest_checkpointed_iteration.txt still names the previous complete checkpoint.");
-  }
-  if (parallel::get_rank() == 0) {
-    write_atomically(root / "latest_checkpointed_iteration.txt", [&](const fs::path& path) {
-      std::ofstream out(path);
-      out << iteration << "\n";
-      if (!out.flush()) throw std::runtime_error("write failed");
+  const bool writer = setup.data_parallel_rank == 0;
+  const std::vector<CheckpointParam> params = checkpoint_params(setup);
+  const std::string rank_file = relative_rank_file();
+  std::vector<std::string> skipped_user_state;
+
+  GenericDict own = new_checkpoint_dict();
+  const std::string what = "saving checkpoint iteration " + std::to_string(iteration) + " under " + directory.string();
+  try {
+    on_every_rank(what, [&] {
+      if (!writer) return;
+      own = rank_state_dict(setup, params, iteration);
+      if (setup.callbacks) {
+        own.insert("callbacks", save_callback_states(*setup.callbacks));
+        own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));
+      }
+      write_pickle(directory / rank_file, own);
     });
+  } catch (const std::exception& error) {
+    throw std::runtime_error(what + " failed: " + error.what() + ". " + kTracker +
+                             " still names the previous complete checkpoint; check that checkpoint.save is writable "
+                             "and has space.");
   }
-  world.barrier();
+  if (!skipped_user_state.empty() && parallel::get_rank() == 0) {
+    bridge::utils::logger().warn(
+        "user_state entries not saved in the checkpoint (their types are not numbers, bool, string, tensor, or "
+        "vectors or string-keyed maps of those): {}",
+        bridge::utils::join(skipped_user_state, ", "));
+  }
+
+  // The tensor index: which file holds which slices of every global tensor, for loads in other layouts.
+  std::ostringstream lines;
+  if (writer) {
+    for (const CheckpointParam& entry : params) {
+      if (entry.tied_copy) continue;
+      lines << entry.name << '\t' << rank_file << '\t';
+      for (int64_t size : entry.layout.global_shape) lines << size << ',';
+      lines << '\t' << c10::toString(entry.param.scalar_type()) << '\n';
+    }
+  }
+  const std::vector<std::string> gathered = parallel::all_gather_strings(parallel::get_world_group(), lines.str());
+
+  on_every_rank(what, [&] {
+    if (parallel::get_rank() != 0) return;
+    GenericDict tensors = new_checkpoint_dict();
+    std::set<std::string> files;
+    for (const std::string& text : gathered) {
+      std::istringstream in(text);
+      std::string line;
+      while (std::getline(in, line)) {
+        std::vector<std::string> fields;
+        std::istringstream parts(line);
+        for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
+        GenericDict entry = new_checkpoint_dict();
+        auto existing = tensors.find(c10::IValue(fields[0]));
+        if (existing != tensors.end()) entry = existing->value().toGenericDict();
+        GenericList holders(c10::AnyType::get());
+        if (entry.contains(c10::IValue(std::string("files")))) {
+          holders = entry.at(c10::IValue(std::string("files"))).toList();
+        }
+        holders.push_back(fields[1]);
+        GenericList shape(c10::AnyType::get());
+        std::istringstream sizes(fields[2]);
+        for (std::string size; std::getline(sizes, size, ',');) shape.push_back(static_cast<int64_t>(std::stoll(size)));
+        entry.insert_or_assign("global_shape", shape);
+        entry.insert_or_assign("dtype", fields[3]);
+        entry.insert_or_assign("files", holders);
+        tensors.insert_or_assign(fields[0], entry);
+        files.insert(fields[1]);
+      }
+    }
+    GenericDict common = new_checkpoint_dict();
+    for (const char* key : {"checkpoint_version", "iteration", "config", "parallel_layout", "train_state",
+                            "opt_param_scheduler", "callbacks", "user_state"}) {
+      auto it = own.find(c10::IValue(std::string(key)));
+      if (it != own.end()) common.insert(key, it->value());
+    }
+    GenericList file_list(c10::AnyType::get());
+    for (const std::string& file : files) file_list.push_back(file);
+    common.insert("files", file_list);
+    common.insert("tensors", tensors);
+    write_pickle(directory / kCommon, common);
+    bridge::utils::write_file_durably(root / kTracker, std::to_string(iteration) + "\n");
+    delete_old_checkpoints(root, iteration, setup.config.checkpoint.most_recent_k);
+  });
   setup.last_saved_step = iteration;
   setup.fire(Event::kCheckpointSave, [&](CallbackContext& ctx) {
     ctx.optimizer = setup.optimizer.get();  // no scheduler here, as in Megatron-Bridge
     ctx.checkpoint = CheckpointInfo{directory.string(), iteration};
   });
   return directory.string();
+}
+
+namespace {
+
+// Where a run takes its checkpoint from, as config.checkpoint resolves.
+struct Source {
+  fs::path directory;
+  int64_t iteration = 0;
+  bool weights_only = false;
+  std::string origin;  // for the log: which setting chose it
+};
+
+std::optional<Source> resolve_source(const CheckpointConfig& config) {
+  std::optional<Source> source;
+  if (!config.load.empty()) {
+    std::optional<int64_t> iteration = config.ckpt_step;
+    if (!iteration) iteration = read_latest_checkpointed_iteration(config.load);
+    if (iteration) {
+      source = Source{config.load, *iteration, config.finetune, "checkpoint.load"};
+    } else if (parallel::get_rank() == 0) {
+      bridge::utils::logger().info("checkpoint.load {} holds no checkpoint ({} is absent): nothing to resume",
+                                   config.load, kTracker);
+    }
+  }
+  if (!source && config.auto_resume) {
+    if (std::optional<int64_t> latest = read_latest_checkpointed_iteration(config.save)) {
+      source = Source{config.save, *latest, false, "checkpoint.auto_resume (checkpoint.save holds checkpoints)"};
+    }
+  }
+  if (!source && !config.pretrained_checkpoint.empty()) {
+    std::optional<int64_t> iteration = read_latest_checkpointed_iteration(config.pretrained_checkpoint);
+    if (!iteration) {
+      throw std::invalid_argument("checkpoint.pretrained_checkpoint " + config.pretrained_checkpoint + " has no " +
+                                  kTracker + "; point it at a directory that checkpoint.save wrote");
+    }
+    source = Source{config.pretrained_checkpoint, *iteration, true, "checkpoint.pretrained_checkpoint"};
+  }
+  // Never write over newer checkpoints without being told: the tracker would move back and orphan them.
+  if (std::optional<int64_t> latest = read_latest_checkpointed_iteration(config.save)) {
+    const int64_t start = source && !source->weights_only ? source->iteration : 0;
+    std::error_code ignored;
+    const bool rollback = source && config.ckpt_step && fs::equivalent(source->directory, config.save, ignored);
+    if (*latest > start && !rollback) {
+      throw std::invalid_argument(
+          "checkpoint.save " + config.save + " already holds iteration " + std::to_string(*latest) + " (" + kTracker +
+          "), but this run starts at iteration " + std::to_string(start) +
+          (source ? " (from " + source->origin + " " + source->directory.string() + ")" : std::string()) +
+          " and would overwrite its checkpoints. Resume from it (checkpoint.load=" + config.save +
+          " or checkpoint.auto_resume=true), or set checkpoint.save to a new directory");
+    }
+    if (*latest > start && parallel::get_rank() == 0) {
+      bridge::utils::logger().warn(
+          "rolling back to iteration {} (checkpoint.ckpt_step) in checkpoint.save {}, which holds up to iteration {}: "
+          "later checkpoints will be overwritten",
+          start, config.save, *latest);
+    }
+  }
+  return source;
+}
+
+}  // namespace
+
+std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
+  const CheckpointConfig& config = setup.config.checkpoint;
+  std::optional<Source> source;
+  on_every_rank("choosing the checkpoint to load", [&] { source = resolve_source(config); });
+  // Every rank must load the same iteration (a file system not shared by every node would differ).
+  parallel::ProcessGroup& world = parallel::get_world_group();
+  const double mine = source ? static_cast<double>(source->iteration) : -1.0;
+  torch::Tensor agreed = torch::tensor({mine, -mine}, torch::kDouble);
+  world.all_reduce(agreed, parallel::ReduceOp::kMax);
+  if (agreed[0].item<double>() != -agreed[1].item<double>()) {
+    throw std::runtime_error("ranks found different checkpoints to load (this rank: " +
+                             (source ? source->directory.string() + " iteration " + std::to_string(source->iteration)
+                                     : std::string("none")) +
+                             "); every node must see the same checkpoint directories");
+  }
+  if (!source) return std::nullopt;
+
+  LoadOptions options;
+  options.progress = !source->weights_only;
+  options.optimizer = options.progress && !config.no_load_optim;
+  options.rng = options.progress && !config.no_load_rng;
+  options.optimizer_type = setup.config.optimizer.optimizer;
+  const fs::path directory = source->directory / checkpoint_directory_name(source->iteration);
+  if (parallel::get_rank() == 0) {
+    bridge::utils::logger().warn("{} checkpoint {} (chosen by {})",
+                                 source->weights_only ? "loading the weights of" : "resuming from", directory.string(),
+                                 source->origin);
+  }
+
+  const std::vector<CheckpointParam> params = checkpoint_params(setup);
+  GenericDict common = new_checkpoint_dict();
+  std::map<std::string, LoadedFile> files;
+  std::map<std::string, std::vector<std::string>> files_of;
+  const int tp = parallel::get_tensor_model_parallel_world_size();
+  const int pp = parallel::get_pipeline_model_parallel_world_size();
+  bool same_layout = false;
+  std::string own_file;  // this rank's (tp, pp) file when the layout is unchanged
+
+  // Every model name and shape of the job, to compare with the checkpoint's index on every rank alike.
+  std::ostringstream names;
+  if (setup.data_parallel_rank == 0) {
+    for (const CheckpointParam& entry : params) {
+      if (!entry.tied_copy) names << entry.name << '\t' << shape_text(entry.layout.global_shape) << '\n';
+    }
+  }
+  const std::vector<std::string> gathered = parallel::all_gather_strings(world, names.str());
+
+  const std::string what = "loading checkpoint " + directory.string();
+  try {
+    on_every_rank(what, [&] {
+      const fs::path common_path = directory / kCommon;
+      if (!fs::exists(common_path)) {
+        throw std::runtime_error(common_path.string() +
+                                 " is missing: the save of this iteration did not complete (or it is not a bridge "
+                                 "checkpoint). Choose a complete one with checkpoint.ckpt_step");
+      }
+      common = read_pickle(common_path);
+      const GenericDict index = checkpoint_dict(common, "tensors", common_path.string());
+      for (const c10::IValue& file : checkpoint_field(common, "files", common_path.string()).toListRef()) {
+        if (!fs::exists(directory / file.toStringRef())) {
+          throw std::runtime_error("the checkpoint's file " + (directory / file.toStringRef()).string() +
+                                   " is missing; copy the whole iteration directory, or choose another with "
+                                   "checkpoint.ckpt_step");
+        }
+      }
+      std::set<std::string> model_names;
+      for (const std::string& text : gathered) {
+        std::istringstream in(text);
+        for (std::string line; std::getline(in, line);) model_names.insert(line.substr(0, line.find('\t')));
+      }
+      for (const std::string& name : model_names) {
+        if (!index.contains(c10::IValue(name))) {
+          throw std::runtime_error("the checkpoint has no tensor " + name +
+                                   ", which the model has: it is of another model; make model.* match its config");
+        }
+      }
+      for (const auto& item : index) {
+        const std::string& name = item.key().toStringRef();
+        if (model_names.count(name) == 0) {
+          throw std::runtime_error("the checkpoint holds " + name +
+                                   ", which the model does not have: it is of another model; make model.* match its "
+                                   "config");
+        }
+        GenericList holders = item.value().toGenericDict().at(c10::IValue(std::string("files"))).toList();
+        for (const c10::IValue& holder : holders) files_of[name].push_back((directory / holder.toStringRef()).string());
+      }
+      const GenericDict layout = checkpoint_dict(common, "parallel_layout", common_path.string());
+      same_layout = checkpoint_field(layout, "tensor_model_parallel_size", "parallel_layout").toInt() == tp &&
+                    checkpoint_field(layout, "pipeline_model_parallel_size", "parallel_layout").toInt() == pp;
+      if (same_layout) own_file = (directory / relative_rank_file()).string();
+      std::set<std::string> needed;
+      for (const CheckpointParam& entry : params) {
+        for (const std::string& path : files_of.at(entry.source_name())) needed.insert(path);
+      }
+      if (!own_file.empty()) needed.insert(own_file);
+      for (const std::string& path : needed) files.emplace(path, LoadedFile{path, read_pickle(path)});
+      check_loadable(params, files, files_of, options);
+    });
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    throw std::runtime_error(message.rfind(what, 0) == 0 ? message : what + ": " + message);
+  }
+
+  // Nothing was modified so far; every rank's check passed.
+  load_parameters(setup, params, files, files_of, options);
+  LoadedCheckpoint loaded{directory.string(), source->iteration, options.progress, false};
+  if (options.progress) {
+    load_progress(setup, common);
+    setup.last_saved_step = setup.state.train_state.step;
+  }
+  if (options.optimizer && setup.mixed_precision && setup.mixed_precision->grad_scaler() != nullptr && !files.empty()) {
+    const LoadedFile& file = same_layout ? files.at(own_file) : files.begin()->second;
+    const GenericDict optimizer = checkpoint_dict(file.dict, "optimizer", file.path);
+    auto scaler = optimizer.find(c10::IValue(std::string("grad_scaler")));
+    if (scaler != optimizer.end()) {
+      const GenericDict state = scaler->value().toGenericDict();
+      setup.mixed_precision->grad_scaler()->load_state(
+          checkpoint_field(state, "scale", file.path).toDouble(),
+          checkpoint_field(state, "growth_tracker", file.path).toInt(),
+          checkpoint_field(state, "hysteresis_tracker", file.path).toInt());
+    }
+  }
+  if (options.rng && same_layout) {
+    load_rng_state(files.at(own_file).dict, own_file);
+    loaded.rng_loaded = true;
+  } else if (options.rng && parallel::get_rank() == 0) {
+    bridge::utils::logger().warn(
+        "the checkpoint was saved with another tensor- or pipeline-parallel size: its RNG streams do not map to "
+        "this layout, so they start from rng.seed");
+  }
+  if (options.progress && setup.callbacks) {
+    // Callback state of this rank's own (tp, pp) file when the layout is unchanged, else rank 0's.
+    const GenericDict& holder = same_layout ? files.at(own_file).dict : common;
+    const std::string path = same_layout ? own_file : (directory / kCommon).string();
+    auto callbacks = holder.find(c10::IValue(std::string("callbacks")));
+    if (callbacks != holder.end()) load_callback_states(*setup.callbacks, callbacks->value(), path);
+    auto user_state = holder.find(c10::IValue(std::string("user_state")));
+    if (user_state != holder.end()) load_user_state(setup.callbacks->user_state(), user_state->value(), path);
+  }
+  if (parallel::get_rank() == 0) {
+    bridge::utils::logger().info("loaded checkpoint {} at iteration {}", directory.string(), source->iteration);
+  }
+  setup.fire_training(Event::kCheckpointLoad, [&](CallbackContext& ctx) {
+    ctx.checkpoint = CheckpointInfo{directory.string(), source->iteration};
+  });
+  return loaded;
 }
 
 }  // namespace bridge::training

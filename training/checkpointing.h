@@ -1,12 +1,15 @@
-// Saving checkpoints in Megatron's directory layout:
-//   <save>/iter_0000007/mp_rank_<tp>[_<pp>]/model_optim_rng.pt   (one file per model-parallel rank)
-//   <save>/latest_checkpointed_iteration.txt                      (the newest complete iteration)
-// Data-parallel rank 0 of each model-parallel rank writes its chunks and optimizer state (the other replicas hold the
-// same). Each file is written under a temporary name and renamed, and the tracker file changes only after every rank
-// finished, so an interrupted save never leaves a damaged checkpoint under a final name.
+// Checkpoints in Megatron's directory layout, loadable in any parallel layout:
+//   <save>/iter_0000007/mp_rank_<tp>[_<pp>]/model_optim_rng.pt   one per model-parallel rank (its slices)
+//   <save>/iter_0000007/common.pt                                  what every rank shares, and the tensor index
+//   <save>/latest_checkpointed_iteration.txt                       the newest complete iteration
+// Every file is PyTorch's pickle format (torch.load(path, weights_only=True) opens it; see checkpoint_state.h).
+// Data-parallel rank 0 of each model-parallel rank writes its file; rank 0 writes common.pt once every rank file is
+// on disk, then the tracker. Each file is fsynced and renamed into place, so a process killed at any moment leaves
+// the tracker on a complete checkpoint.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "training/pretrain_setup.h"
@@ -16,8 +19,26 @@ namespace bridge::training {
 /// "iter_0000007": Megatron's directory name for an iteration.
 std::string checkpoint_directory_name(int64_t iteration);
 
+/// The iteration latest_checkpointed_iteration.txt in `directory` names; nullopt when there is none. Throws when the
+/// file exists but does not hold an iteration.
+std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& directory);
+
 /// Saves the current iteration under config.checkpoint.save, waits for every rank, then fires on_checkpoint_save.
 /// Returns the iteration's directory.
 std::string save_checkpoint(PretrainSetup& setup);
+
+/// What load_checkpoint did.
+struct LoadedCheckpoint {
+  std::string path;         ///< the iteration's directory
+  int64_t iteration = 0;    ///< the iteration it holds
+  bool resumed = false;     ///< a full resume (optimizer, progress) rather than weights only
+  bool rng_loaded = false;  ///< the RNG streams were restored (Megatron-Bridge then protects them around data init)
+};
+
+/// Loads what config.checkpoint asks for (checkpoint.load, an auto-resume from checkpoint.save, or the weights of
+/// checkpoint.pretrained_checkpoint) into the setup, after checking on every rank that it fits; then fires
+/// on_checkpoint_load. Returns nothing when there was nothing to load. Throws, before anything is modified, when the
+/// checkpoint does not fit the config, or when the run would overwrite newer checkpoints in checkpoint.save.
+std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup);
 
 }  // namespace bridge::training

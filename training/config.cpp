@@ -107,6 +107,17 @@ void ConfigContainer::validate(int world_size) const {
   require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
   require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
           "checkpoint.save_interval is set but checkpoint.save (the directory) is empty; set both or neither");
+  require(!checkpoint.ckpt_step || *checkpoint.ckpt_step >= 0,
+          "checkpoint.ckpt_step must be >= 0, got " + str(checkpoint.ckpt_step.value_or(0)));
+  require(!checkpoint.ckpt_step || !checkpoint.load.empty(),
+          "checkpoint.ckpt_step is set but checkpoint.load is empty; set checkpoint.load to the directory holding "
+          "iteration " +
+              str(checkpoint.ckpt_step.value_or(0)));
+  require(!checkpoint.finetune || !checkpoint.load.empty() || !checkpoint.pretrained_checkpoint.empty(),
+          "checkpoint.finetune is set but neither checkpoint.load nor checkpoint.pretrained_checkpoint is; set the "
+          "directory to take the weights from");
+  require(checkpoint.most_recent_k == -1 || checkpoint.most_recent_k >= 1,
+          "checkpoint.most_recent_k must be -1 (keep all) or >= 1, got " + str(checkpoint.most_recent_k));
   const MixedPrecisionConfig& mp = mixed_precision;
   require(!(mp.bf16 && mp.fp16), "mixed_precision.bf16 and mixed_precision.fp16 are both true; choose one");
   if (mp.loss_scale) {

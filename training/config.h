@@ -127,9 +127,28 @@ struct MixedPrecisionConfig {
 /// std::invalid_argument listing the names otherwise.
 void apply_mixed_precision_recipe(MixedPrecisionConfig& config, const std::string& name);
 
+/// Megatron-Bridge's CheckpointConfig. A run resumes from `load` (or, with auto_resume, from `save` when it already
+/// holds checkpoints); a checkpoint saved in any parallel layout loads in any other.
 struct CheckpointConfig {
   std::string save;           ///< directory for checkpoints; empty = never save
   int64_t save_interval = 0;  ///< save every this many steps (0: only at the end and on request)
+  /// Directory to resume from (its latest_checkpointed_iteration.txt, or ckpt_step); empty = nothing (see
+  /// auto_resume). A directory without checkpoints starts from scratch, as Megatron does.
+  std::string load;
+  /// Load this iteration of `load` instead of the tracker's.
+  std::optional<int64_t> ckpt_step;
+  /// Weights only (fresh optimizer, scheduler and step 0) from this directory, when nothing else is resumed.
+  std::string pretrained_checkpoint;
+  /// Load only the model from `load`: fresh optimizer, scheduler, RNG and counters (Megatron's --finetune).
+  bool finetune = false;
+  bool no_load_optim = false;  ///< keep a fresh optimizer and grad scaler (the scheduler and step still load)
+  bool no_load_rng = false;    ///< keep the RNG streams seeded from rng.seed
+  /// With `load` empty and `save` holding checkpoints: resume from `save` (logged). Off: such a run stops with an
+  /// error instead of overwriting them.
+  bool auto_resume = true;
+  /// Keep only the newest this many checkpoints in `save` (older ones are deleted once a new one is complete);
+  /// -1 = keep all.
+  int64_t most_recent_k = -1;
 };
 
 struct ConfigContainer {

@@ -392,6 +392,23 @@ const std::vector<Field>& fields() {
             "Directory for checkpoints; empty = never save."),
       field("checkpoint.save_interval", &C::checkpoint, &CheckpointConfig::save_interval,
             "Save every this many steps; 0 = only at the end (when checkpoint.save is set)."),
+      field("checkpoint.load", &C::checkpoint, &CheckpointConfig::load,
+            "Directory to resume from (its latest checkpoint, or checkpoint.ckpt_step); empty = none."),
+      field("checkpoint.ckpt_step", &C::checkpoint, &CheckpointConfig::ckpt_step,
+            "Iteration of checkpoint.load to resume from; null = the latest."),
+      field("checkpoint.pretrained_checkpoint", &C::checkpoint, &CheckpointConfig::pretrained_checkpoint,
+            "Directory to take the weights from (fresh optimizer, scheduler and step) when nothing is resumed."),
+      field("checkpoint.finetune", &C::checkpoint, &CheckpointConfig::finetune,
+            "Load only the model from checkpoint.load; start at step 0 with a fresh optimizer and RNG."),
+      field("checkpoint.no_load_optim", &C::checkpoint, &CheckpointConfig::no_load_optim,
+            "Do not load the optimizer state (nor the fp16 loss scale)."),
+      field("checkpoint.no_load_rng", &C::checkpoint, &CheckpointConfig::no_load_rng,
+            "Do not load the RNG states; keep those seeded from rng.seed."),
+      field("checkpoint.auto_resume", &C::checkpoint, &CheckpointConfig::auto_resume,
+            "Resume from checkpoint.save when it holds checkpoints and nothing else is loaded; false = stop with an "
+            "error instead."),
+      field("checkpoint.most_recent_k", &C::checkpoint, &CheckpointConfig::most_recent_k,
+            "Keep only the newest this many checkpoints in checkpoint.save; -1 = keep all."),
 
       field("mixed_precision.bf16", &C::mixed_precision, &MixedPrecisionConfig::bf16,
             "Parameters and compute in bfloat16, fp32 master weights in the optimizer. `mixed_precision: "

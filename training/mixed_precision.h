@@ -42,6 +42,14 @@ class GradScaler {
   void update(bool found_inf);
   int64_t growth_tracker() const { return growth_tracker_; }
   int64_t hysteresis_tracker() const { return hysteresis_tracker_; }
+  /// Restores the state a checkpoint saved (Megatron's DynamicGradScaler.load_state_dict); a constant scaler keeps
+  /// its configured scale.
+  void load_state(double scale, int64_t growth_tracker, int64_t hysteresis_tracker) {
+    if (!dynamic_) return;
+    scale_ = scale;
+    growth_tracker_ = growth_tracker;
+    hysteresis_tracker_ = hysteresis_tracker;
+  }
 
  private:
   bool dynamic_ = false;

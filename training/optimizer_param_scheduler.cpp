@@ -65,6 +65,12 @@ void OptimizerParamScheduler::step(std::int64_t increment) {
   apply_lr();
 }
 
+void OptimizerParamScheduler::set_num_steps(std::int64_t num_steps) {
+  if (num_steps < 0) throw std::invalid_argument("OptimizerParamScheduler::set_num_steps: num_steps must be >= 0");
+  num_steps_ = num_steps;
+  apply_lr();
+}
+
 void OptimizerParamScheduler::apply_lr() {
   const double lr = get_lr();
   for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);

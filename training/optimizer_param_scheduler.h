@@ -45,6 +45,8 @@ class OptimizerParamScheduler {
   /// The learning rate at the current step.
   double get_lr() const;
   std::int64_t num_steps() const noexcept { return num_steps_; }
+  /// Moves to step `num_steps` (a resumed run's position) and writes its learning rate to every parameter group.
+  void set_num_steps(std::int64_t num_steps);
   const OptimizerParamSchedulerOptions& options() const noexcept { return options_; }
 
  private:

@@ -9,6 +9,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
+#include "training/checkpointing.h"
 #include "training/datasets/gpt_dataset.h"
 #include "training/pretrain_setup.h"
 #include "utils/host_allocator.h"
@@ -86,7 +87,9 @@ GPTDatasets mock_datasets(const ConfigContainer& config) {
           std::make_shared<MockGPTDataset>(vocab, seq, seed + 2)};
 }
 
-std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::shared_ptr<const GPTDataset>& dataset) {
+// One iterator per model chunk, at `consumed_samples` (where a resumed run left off).
+std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::shared_ptr<const GPTDataset>& dataset,
+                                    int64_t consumed_samples) {
   std::vector<DataIterator> result;
   if (!dataset) return result;
   if (dataset->seq_length() != setup.config.model.seq_length) {
@@ -96,7 +99,7 @@ std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::share
   }
   for (std::size_t i = 0; i < setup.model.size(); ++i) {
     result.emplace_back(dataset, setup.config.train.micro_batch_size, setup.data_parallel_rank,
-                        setup.data_parallel_size, /*consumed_samples=*/0, setup.device);
+                        setup.data_parallel_size, consumed_samples, setup.device);
   }
   return result;
 }
@@ -153,7 +156,12 @@ void build(PretrainSetup& setup) {
   setup.scheduler = std::make_unique<OptimizerParamScheduler>(*setup.optimizer, scheduler_options(config));
   setup.logger = std::make_unique<TrainingLogger>(setup);
 
+  // As Megatron-Bridge: a resumed run's RNG streams are kept from on_data_init_start's warm-ups (which may draw).
+  const std::optional<LoadedCheckpoint> loaded = load_checkpoint(setup);
+  std::optional<parallel::tensor_parallel::RngStates> restored_rng;
+  if (loaded && loaded->rng_loaded) restored_rng = parallel::tensor_parallel::get_all_rng_states();
   setup.fire_training(Event::kDataInitStart);
+  if (restored_rng) parallel::tensor_parallel::set_all_rng_states(*restored_rng);
 
   // Building the data can fail on some ranks only (a file missing on one node, a cache folder it cannot write):
   // the failure travels in the flags below, so every rank stops with it instead of waiting for the others.
@@ -166,9 +174,10 @@ void build(PretrainSetup& setup) {
       throw std::invalid_argument("dataset.provider returned no train dataset but train.train_iters is " +
                                   std::to_string(config.train.train_iters));
     }
-    setup.train_data = iterators(setup, setup.datasets.train);
-    setup.valid_data = iterators(setup, setup.datasets.valid);
-    setup.test_data = iterators(setup, setup.datasets.test);
+    const TrainState& progress = setup.state.train_state;
+    setup.train_data = iterators(setup, setup.datasets.train, progress.consumed_train_samples);
+    setup.valid_data = iterators(setup, setup.datasets.valid, progress.consumed_valid_samples);
+    setup.test_data = iterators(setup, setup.datasets.test, 0);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -83,6 +83,14 @@ class UserState {
   /// The keys, sorted.
   std::vector<std::string> keys() const;
 
+  /// The value under `key` as stored, or null: for code that handles many types at once (checkpoints).
+  const std::any* find_any(std::string_view key) const {
+    auto it = values_.find(std::string(key));
+    return it == values_.end() ? nullptr : &it->second;
+  }
+  /// Stores `value` under `key` whatever was there before (a checkpoint restoring the store).
+  void set_any(const std::string& key, std::any value) { values_[key] = std::move(value); }
+
  private:
   std::any& find_or_throw(std::string_view key);
   static void check_type(std::string_view key, const std::any& slot, const std::type_info& requested);

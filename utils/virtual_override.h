@@ -59,4 +59,17 @@ bool overrides(const Base& object, const Base& reference, R (Base::*method)(Args
 #endif
 }
 
+/// As above, for a const member function.
+template <class Base, class R, class... Args>
+bool overrides(const Base& object, const Base& reference, R (Base::*method)(Args...) const) {
+#if defined(__GXX_ABI_VERSION)
+  const std::optional<std::size_t> slot = detail::vtable_slot(method);
+  if (!slot) return true;
+  return detail::vtable_entry(&object, *slot) != detail::vtable_entry(&reference, *slot);
+#else
+  (void)object, (void)reference, (void)method;
+  return true;
+#endif
+}
+
 }  // namespace bridge::utils

@@ -125,6 +125,24 @@ RngStatesTracker& get_rng_tracker() {
   return tracker;
 }
 
+RngStates get_all_rng_states() {
+  auto state_of = [](at::Generator generator) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  };
+  RngStates states;
+  states.cpu = state_of(cpu_generator());
+  if (has_cuda()) states.cuda = state_of(cuda_generator(current_cuda_device()));
+  states.tracker = get_rng_tracker().get_states();
+  return states;
+}
+
+void set_all_rng_states(const RngStates& states) {
+  if (states.cpu.defined()) swap_state(cpu_generator(), states.cpu);
+  if (states.cuda.defined() && has_cuda()) swap_state(cuda_generator(current_cuda_device()), states.cuda);
+  get_rng_tracker().set_states(states.tracker);
+}
+
 void model_parallel_manual_seed(uint64_t seed) {
   const int tp_rank = get_tensor_model_parallel_rank();
   torch::manual_seed(seed);

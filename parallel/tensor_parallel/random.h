@@ -60,6 +60,18 @@ class RngStatesTracker {
 /// The process's tracker.
 RngStatesTracker& get_rng_tracker();
 
+/// Every RNG stream a training step draws from: the default CPU generator, the current CUDA device's (undefined
+/// without CUDA) and the tracker's streams. What checkpoints save and Megatron-Bridge protects around
+/// on_data_init_start.
+struct RngStates {
+  torch::Tensor cpu;
+  torch::Tensor cuda;
+  std::map<std::string, torch::Tensor> tracker;
+};
+RngStates get_all_rng_states();
+/// Restores what get_all_rng_states returned (a CUDA state only where CUDA is available).
+void set_all_rng_states(const RngStates& states);
+
 /// Seeds the default generators with `seed` (identical across a TP group; the CPU's and every CUDA device's, as
 /// torch.manual_seed) and resets the tracker to one stream,
 /// "model-parallel-rng", seeded with seed + 2718 + tp_rank. Pass seed + 100 * pp_rank, as Megatron's initialize

@@ -1,0 +1,326 @@
+// Checkpoints in one process: N steps straight equal N/2, save, resume, N/2 bit for bit (dropout on, an RNG-drawing
+// on_data_init_start, stateful callbacks and user_state), the files opened by Python's torch.load(weights_only=True),
+// the guard against overwriting newer checkpoints, checkpoints of another model refused before anything changes,
+// weights-only loads and most_recent_k.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bridge/bridge.h"
+#include "training/checkpointing.h"
+
+namespace bridge::training {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+ConfigContainer tiny_config(int64_t steps) {
+  ConfigContainer config;
+  config.model.num_layers = 2;
+  config.model.hidden_size = 16;
+  config.model.num_attention_heads = 2;
+  config.model.vocab_size = 64;
+  config.model.seq_length = 8;
+  config.model.hidden_dropout = 0.1;  // the RNG streams must resume too
+  config.model.attention_dropout = 0.1;
+  config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 4;
+  config.train.train_iters = steps;
+  config.train.num_threads = 1;
+  config.scheduler.lr_warmup_iters = 2;
+  return config;
+}
+
+fs::path fresh_directory(const std::string& name) {
+  const fs::path path = fs::temp_directory_path() / ("bridge_checkpoint_test_" + name);
+  fs::remove_all(path);
+  return path;
+}
+
+// A stateful callback: counts the steps it saw over every run of a resumed job.
+class StepCounter : public Callback {
+ public:
+  explicit StepCounter(std::string key = "StepCounter") : key_(std::move(key)) {}
+  int64_t steps = 0;
+  std::vector<double> losses;
+  void on_train_step_end(CallbackContext& ctx) override {
+    ++steps;
+    losses.push_back(ctx.loss_dict->at("lm loss").item<double>());
+  }
+  std::string state_key() const override { return key_; }
+  StateDict state_dict() const override { return {{"steps", steps}, {"losses", c10::List<double>(losses)}}; }
+  void load_state_dict(const StateDict& state) override {
+    steps = state.at("steps").toInt();
+    losses = state.at("losses").toDoubleVector();
+  }
+
+ private:
+  std::string key_;
+};
+
+struct Recorded {
+  std::vector<double> losses, grad_norms;
+  std::map<std::string, torch::Tensor> final_params;
+  std::vector<CheckpointInfo> loads;
+  std::shared_ptr<StepCounter> counter = std::make_shared<StepCounter>();
+  std::shared_ptr<CallbackManager> manager = std::make_shared<CallbackManager>();
+  TrainState state;
+};
+
+std::map<std::string, torch::Tensor> parameters_of(CallbackContext& ctx) {
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& chunk : ctx.model) {
+    for (const auto& [name, param] :
+         models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
+      params[name] = param.detach().clone();
+    }
+  }
+  return params;
+}
+
+// Trains `config`, recording every step's loss and grad norm and the final parameters. on_data_init_start draws
+// from the default generator, as a warm-up on mock data would: a resumed run must not feel it.
+Recorded train(const ConfigContainer& config) {
+  Recorded run;
+  run.manager->add(run.counter);
+  run.manager->register_callback(Event::kDataInitStart, [](CallbackContext&) { (void)torch::rand({64}); });
+  run.manager->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+    run.losses.push_back(ctx.loss_dict->at("lm loss").item<double>());
+    run.grad_norms.push_back(*ctx.grad_norm);
+    UserState& state = ctx.user_state;
+    ++state.get_or_insert<int64_t>("steps_seen", 0);
+    state.get_or_insert<std::vector<double>>("grad_norms", {}).push_back(*ctx.grad_norm);
+    state.set("last_loss_tensor", ctx.loss_dict->at("lm loss").clone());
+    state.set("run_name", std::string("tiny"));
+    state.set("started", std::chrono::steady_clock::now());  // not serialisable: warned about, not saved
+  });
+  run.manager->register_callback(Event::kTrainEnd,
+                                 [&](CallbackContext& ctx) { run.final_params = parameters_of(ctx); });
+  run.manager->register_callback(Event::kCheckpointLoad,
+                                 [&](CallbackContext& ctx) { run.loads.push_back(*ctx.checkpoint); });
+  run.state = pretrain(config, gpt_forward_step, run.manager);
+  return run;
+}
+
+void expect_same_parameters(const std::map<std::string, torch::Tensor>& a,
+                            const std::map<std::string, torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    ASSERT_EQ(b.count(name), 1U) << name;
+    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name << " differs";
+  }
+}
+
+TEST(Checkpoint, ResumeIsBitExact) {
+  const fs::path straight_dir = fresh_directory("straight");
+  const fs::path split_dir = fresh_directory("split");
+  ConfigContainer config = tiny_config(6);
+  config.checkpoint.save = straight_dir.string();
+  config.checkpoint.save_interval = 3;
+  const Recorded straight = train(config);
+  ASSERT_EQ(straight.losses.size(), 6U);
+
+  config.checkpoint.save = split_dir.string();
+  config.train.train_iters = 3;
+  const Recorded first = train(config);
+  config.train.train_iters = 6;
+  const Recorded second = train(config);  // checkpoint.auto_resume: resumes from checkpoint.save
+
+  ASSERT_EQ(second.loads.size(), 1U);
+  EXPECT_EQ(second.loads[0].iteration, 3);
+  EXPECT_EQ(second.loads[0].path, (split_dir / "iter_0000003").string());
+  ASSERT_EQ(second.losses.size(), 3U);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first.losses[i], straight.losses[i]) << "step " << i;
+    EXPECT_EQ(second.losses[i], straight.losses[i + 3]) << "step " << i + 3;
+    EXPECT_EQ(second.grad_norms[i], straight.grad_norms[i + 3]) << "step " << i + 3;
+  }
+  expect_same_parameters(second.final_params, straight.final_params);
+  EXPECT_EQ(second.state.step, 6);
+  EXPECT_EQ(second.state.consumed_train_samples, straight.state.consumed_train_samples);
+
+  // Callback state and user_state came back: the counter saw all six steps, user_state holds the whole history.
+  EXPECT_EQ(second.counter->steps, 6);
+  EXPECT_EQ(second.counter->losses, straight.losses);
+  UserState& state = second.manager->user_state();
+  EXPECT_EQ(state.get<int64_t>("steps_seen"), 6);
+  EXPECT_EQ(state.get<std::vector<double>>("grad_norms"), straight.grad_norms);
+  EXPECT_EQ(state.get<std::string>("run_name"), "tiny");
+  EXPECT_TRUE(
+      torch::equal(state.get<torch::Tensor>("last_loss_tensor"), torch::tensor(straight.losses.back(), torch::kFloat)));
+}
+
+// Python's torch.load from the tests' venv, not a port of it.
+nlohmann::json read_with_torch(const fs::path& file) {
+  const std::string python = BRIDGE_TOOLS_PYTHON;
+  if (!fs::exists(python)) {
+    ADD_FAILURE() << python << " does not exist; run scripts/install_deps.sh, which creates the tests' venv";
+    return {};
+  }
+  const std::string command = "'" + python + "' '" + BRIDGE_READ_CHECKPOINT + "' '" + file.string() + "' 2>&1";
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ADD_FAILURE() << command << " failed:\n" << output;
+    return {};
+  }
+  return nlohmann::json::parse(output);
+}
+
+TEST(Checkpoint, PythonTorchLoadOpensTheFiles) {
+  const fs::path dir = fresh_directory("python");
+  ConfigContainer config = tiny_config(2);
+  config.checkpoint.save = dir.string();
+  const Recorded run = train(config);
+  const nlohmann::json summary = read_with_torch(dir / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt");
+  ASSERT_FALSE(summary.is_null());
+  for (const char* key : {"model", "optimizer", "opt_param_scheduler", "rng_state", "iteration", "checkpoint_version",
+                          "config", "shard_metadata", "callbacks", "user_state"}) {
+    EXPECT_THAT(summary["keys"].get<std::vector<std::string>>(), ::testing::Contains(std::string(key)));
+  }
+  EXPECT_EQ(summary["iteration"], 2);
+  EXPECT_TRUE(summary["config_has_model_section"].get<bool>());
+  const auto& model = summary["model"];
+  ASSERT_EQ(model.size(), run.final_params.size());
+  for (const auto& [name, tensor] : run.final_params) {
+    ASSERT_TRUE(model.contains(name)) << name;
+    EXPECT_EQ(model[name]["shape"].get<std::vector<int64_t>>(), tensor.sizes().vec()) << name;
+    EXPECT_NEAR(model[name]["sum"].get<double>(), tensor.to(torch::kDouble).sum().item<double>(), 1e-9) << name;
+  }
+  EXPECT_TRUE(model.contains("decoder.layers.0.self_attention.linear_qkv.weight"));
+  EXPECT_TRUE(model.contains("embedding.word_embeddings.weight"));
+  EXPECT_EQ(summary["optimizer_state"].size(), run.final_params.size());
+  EXPECT_EQ(summary["callbacks"]["StepCounter"]["steps"], 2);
+  const nlohmann::json common = read_with_torch(dir / "iter_0000002" / "common.pt");
+  ASSERT_FALSE(common.is_null());
+  EXPECT_EQ(common["iteration"], 2);
+  EXPECT_EQ(common["tensors"].size(), run.final_params.size());  // the index of every global tensor
+}
+
+TEST(Checkpoint, RefusesToOverwriteNewerCheckpoints) {
+  const fs::path dir = fresh_directory("guard");
+  ConfigContainer config = tiny_config(3);
+  config.checkpoint.save = dir.string();
+  train(config);
+  config.checkpoint.auto_resume = false;
+  try {
+    pretrain(config, gpt_forward_step);
+    FAIL() << "a run into a directory holding iteration 3 that loads nothing must stop";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), HasSubstr("already holds iteration 3"));
+    EXPECT_THAT(error.what(), HasSubstr("starts at iteration 0"));
+    EXPECT_THAT(error.what(), HasSubstr("checkpoint.auto_resume=true"));
+  }
+  EXPECT_EQ(read_latest_checkpointed_iteration(dir.string()), 3);
+  EXPECT_TRUE(fs::exists(dir / "iter_0000003" / "common.pt"));
+}
+
+// The error names the tensor or file, and nothing (tracker, on_checkpoint_load) happened.
+void expect_refused(const ConfigContainer& config, const std::string& message) {
+  auto manager = std::make_shared<CallbackManager>();
+  int loads = 0, steps = 0;
+  manager->register_callback(Event::kCheckpointLoad, [&](CallbackContext&) { ++loads; });
+  manager->register_callback(Event::kTrainStepStart, [&](CallbackContext&) { ++steps; });
+  try {
+    pretrain(config, gpt_forward_step, manager);
+    ADD_FAILURE() << "loaded a checkpoint that does not fit; expected: " << message;
+  } catch (const std::exception& error) {
+    EXPECT_THAT(error.what(), HasSubstr(message));
+  }
+  EXPECT_EQ(loads, 0);
+  EXPECT_EQ(steps, 0);
+}
+
+TEST(Checkpoint, CheckpointOfAnotherModelIsRefusedBeforeAnythingChanges) {
+  const fs::path saved = fresh_directory("mismatch_saved");
+  ConfigContainer config = tiny_config(2);
+  config.checkpoint.save = saved.string();
+  train(config);
+
+  ConfigContainer wider = tiny_config(4);
+  wider.checkpoint.load = saved.string();
+  wider.model.ffn_hidden_size = 48;
+  expect_refused(wider, "decoder.layers.0.mlp.linear_fc1.weight");
+  ConfigContainer deeper = tiny_config(4);
+  deeper.checkpoint.load = saved.string();
+  deeper.model.num_layers = 3;
+  expect_refused(deeper, "the checkpoint has no tensor decoder.layers.2.");
+  ConfigContainer sgd = tiny_config(4);
+  sgd.checkpoint.load = saved.string();
+  sgd.optimizer.optimizer = "sgd";
+  expect_refused(sgd, "optimizer.optimizer");
+
+  const fs::path copy = fresh_directory("mismatch_copy");
+  fs::copy(saved, copy, fs::copy_options::recursive);
+  fs::remove(copy / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt");
+  ConfigContainer missing = tiny_config(4);
+  missing.checkpoint.load = copy.string();
+  expect_refused(missing, (copy / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").string());
+  fs::remove(copy / "iter_0000002" / "common.pt");
+  expect_refused(missing, "common.pt is missing");
+}
+
+TEST(Checkpoint, PretrainedCheckpointLoadsWeightsOnly) {
+  const fs::path saved = fresh_directory("pretrained");
+  ConfigContainer config = tiny_config(3);
+  config.checkpoint.save = saved.string();
+  const Recorded source = train(config);
+
+  ConfigContainer finetune = tiny_config(2);
+  finetune.checkpoint.pretrained_checkpoint = saved.string();
+  auto manager = std::make_shared<CallbackManager>();
+  std::map<std::string, torch::Tensor> initial;
+  int64_t first_step = -1;
+  manager->register_callback(Event::kTrainStart, [&](CallbackContext& ctx) {
+    initial = parameters_of(ctx);
+    first_step = ctx.state.train_state.step;
+  });
+  const TrainState state = pretrain(finetune, gpt_forward_step, manager);
+  expect_same_parameters(initial, source.final_params);
+  EXPECT_EQ(first_step, 0);
+  EXPECT_EQ(state.step, 2);
+}
+
+TEST(Checkpoint, MostRecentKKeepsTheNewest) {
+  const fs::path dir = fresh_directory("most_recent_k");
+  ConfigContainer config = tiny_config(5);
+  config.checkpoint.save = dir.string();
+  config.checkpoint.save_interval = 1;
+  config.checkpoint.most_recent_k = 2;
+  train(config);
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt"}));
+}
+
+TEST(Checkpoint, TwoStatefulCallbacksWithOneKeyAreAnError) {
+  CallbackManager manager;
+  manager.add(std::make_shared<StepCounter>("counter"));
+  try {
+    manager.add(std::make_shared<StepCounter>("counter"));
+    FAIL() << "a second stateful callback under the same key must be refused";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), HasSubstr("'counter'"));
+    EXPECT_THAT(error.what(), HasSubstr("StepCounter"));
+  }
+  auto shared = std::make_shared<StepCounter>("other");
+  manager.add(shared);
+  EXPECT_NO_THROW(manager.add(shared));  // the same object twice is one state
+  EXPECT_EQ(manager.stateful_callbacks().size(), 2U);
+}
+
+}  // namespace
+}  // namespace bridge::training

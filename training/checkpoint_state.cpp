@@ -1,0 +1,431 @@
+// A rank's checkpoint dict (save side) and loading it back into the model, the fp32 main params, the optimizer, the
+// scheduler, the counters and the RNG streams, slice by slice through the shard metadata.
+#include "training/checkpoint_state.h"
+
+#include <cstdio>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/param_attributes.h"
+#include "parallel/tensor_parallel/random.h"
+#include "training/config_yaml.h"
+#include "utils/logging.h"
+
+namespace bridge::training {
+namespace dc = parallel::dist_checkpointing;
+namespace {
+
+using GenericDict = c10::impl::GenericDict;
+using GenericList = c10::impl::GenericList;
+
+constexpr char kWordEmbeddings[] = "embedding.word_embeddings.weight";
+
+GenericList new_list() { return GenericList(c10::AnyType::get()); }
+
+// A detached, contiguous CPU copy that owns its storage (a view would save its whole base storage).
+torch::Tensor snapshot(const torch::Tensor& tensor) {
+  return tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
+GenericDict tensor_map(const std::map<std::string, torch::Tensor>& tensors) {
+  GenericDict dict = new_checkpoint_dict();
+  for (const auto& [name, tensor] : tensors) dict.insert(name, snapshot(tensor));
+  return dict;
+}
+
+// The vocabulary-padded tensors: their first dimension may differ between layouts (padding to a multiple of tp).
+bool is_vocab_padded(const std::string& name) { return name == kWordEmbeddings || name == "output_layer.weight"; }
+
+std::string shape_string(c10::IntArrayRef shape) { return c10::str(shape); }
+
+}  // namespace
+
+c10::impl::GenericDict new_checkpoint_dict() { return GenericDict(c10::AnyType::get(), c10::AnyType::get()); }
+
+c10::IValue checkpoint_field(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what) {
+  auto it = dict.find(c10::IValue(key));
+  if (it == dict.end()) {
+    throw std::runtime_error(what + " has no '" + key +
+                             "' entry: it is damaged or not a bridge checkpoint; point checkpoint.load at another one");
+  }
+  return it->value();
+}
+
+c10::impl::GenericDict checkpoint_dict(const c10::impl::GenericDict& dict, const std::string& key,
+                                       const std::string& what) {
+  c10::IValue value = checkpoint_field(dict, key, what);
+  if (!value.isGenericDict()) throw std::runtime_error(what + ": '" + key + "' is not a dict; the file is damaged");
+  return value.toGenericDict();
+}
+
+const std::string& CheckpointParam::source_name() const {
+  static const std::string word_embeddings = kWordEmbeddings;
+  return tied_copy ? word_embeddings : name;
+}
+
+std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size) {
+  char name[32];
+  if (pp_size == 1) {
+    std::snprintf(name, sizeof(name), "mp_rank_%02d", tp_rank);
+  } else {
+    std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d", tp_rank, pp_rank);
+  }
+  return name;
+}
+
+std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup) {
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+  for (std::size_t i = 0; i < setup.params.size(); ++i) index.emplace(setup.params[i].unsafeGetTensorImpl(), i);
+  std::vector<CheckpointParam> params(setup.params.size());
+  for (const models::GPTModel& chunk : setup.model) {
+    for (auto& [name, param] : models::global_named_parameters(chunk)) {
+      auto found = index.find(param.unsafeGetTensorImpl());
+      if (found == index.end()) continue;  // frozen
+      CheckpointParam& entry = params[found->second];
+      entry.name = name;
+      entry.param = param;
+      entry.main_param = setup.mixed_precision ? setup.mixed_precision->main_params()[found->second] : param;
+      entry.layout = dc::sharded_tensor_layout(param);
+      entry.tied_copy = !parallel::tensor_parallel::param_is_not_shared(param);
+    }
+  }
+  for (const CheckpointParam& entry : params) {
+    if (entry.name.empty()) throw std::logic_error("checkpoint_params: a trainable parameter has no global name");
+  }
+  return params;
+}
+
+c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
+                                       int64_t iteration) {
+  GenericDict top = new_checkpoint_dict();
+  top.insert("checkpoint_version", kCheckpointVersion);
+  top.insert("iteration", iteration);
+  top.insert("config", to_yaml(setup.config));
+
+  GenericDict layout = new_checkpoint_dict();
+  layout.insert("tensor_model_parallel_size", static_cast<int64_t>(parallel::get_tensor_model_parallel_world_size()));
+  layout.insert("pipeline_model_parallel_size",
+                static_cast<int64_t>(parallel::get_pipeline_model_parallel_world_size()));
+  layout.insert("virtual_pipeline_model_parallel_size", static_cast<int64_t>(setup.model.size()));
+  layout.insert("data_parallel_size", static_cast<int64_t>(setup.data_parallel_size));
+  layout.insert("tensor_model_parallel_rank", static_cast<int64_t>(parallel::get_tensor_model_parallel_rank()));
+  layout.insert("pipeline_model_parallel_rank", static_cast<int64_t>(parallel::get_pipeline_model_parallel_rank()));
+  top.insert("parallel_layout", layout);
+
+  const TrainState& train_state = setup.state.train_state;
+  GenericDict progress = new_checkpoint_dict();
+  progress.insert("step", train_state.step);
+  progress.insert("consumed_train_samples", train_state.consumed_train_samples);
+  progress.insert("skipped_train_samples", train_state.skipped_train_samples);
+  progress.insert("consumed_valid_samples", train_state.consumed_valid_samples);
+  progress.insert("floating_point_operations_so_far", train_state.floating_point_operations_so_far);
+  top.insert("train_state", progress);
+
+  GenericDict scheduler = new_checkpoint_dict();
+  const OptimizerParamSchedulerOptions& options = setup.scheduler->options();
+  scheduler.insert("num_steps", setup.scheduler->num_steps());
+  scheduler.insert("max_lr", options.max_lr);
+  scheduler.insert("min_lr", options.min_lr);
+  scheduler.insert("lr_warmup_steps", options.lr_warmup_steps);
+  scheduler.insert("lr_decay_steps", options.lr_decay_steps);
+  scheduler.insert("lr_decay_style", setup.config.scheduler.lr_decay_style);
+  top.insert("opt_param_scheduler", scheduler);
+
+  // Model, fp32 main params and optimizer state under the global names; the tied copy is the embedding's.
+  std::map<std::string, torch::Tensor> model, main_params;
+  GenericDict metadata = new_checkpoint_dict();
+  GenericDict state = new_checkpoint_dict();
+  GenericList names = new_list();
+  auto& optimizer_state = setup.optimizer->state();
+  for (const CheckpointParam& entry : params) {
+    if (entry.tied_copy) continue;
+    model.emplace(entry.name, entry.param);
+    if (setup.mixed_precision) main_params.emplace(entry.name, entry.main_param);
+    metadata.insert(entry.name, dc::to_ivalue(entry.layout));
+    names.push_back(entry.name);
+    auto found = optimizer_state.find(entry.main_param.unsafeGetTensorImpl());
+    if (found == optimizer_state.end()) continue;  // no step yet
+    GenericDict param_state = new_checkpoint_dict();
+    if (auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
+      param_state.insert("step", adam->step());
+      param_state.insert("exp_avg", snapshot(adam->exp_avg()));
+      param_state.insert("exp_avg_sq", snapshot(adam->exp_avg_sq()));
+      if (adam->max_exp_avg_sq().defined()) param_state.insert("max_exp_avg_sq", snapshot(adam->max_exp_avg_sq()));
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get())) {
+      if (sgd->momentum_buffer().defined()) param_state.insert("momentum_buffer", snapshot(sgd->momentum_buffer()));
+    }
+    state.insert(entry.name, param_state);
+  }
+  top.insert("model", tensor_map(model));
+  top.insert("shard_metadata", metadata);
+
+  GenericList groups = new_list();
+  for (const auto& group : setup.optimizer->param_groups()) {
+    GenericDict g = new_checkpoint_dict();
+    g.insert("lr", group.options().get_lr());
+    GenericList group_names = new_list();
+    for (const torch::Tensor& p : group.params()) {
+      for (const CheckpointParam& entry : params) {
+        if (!entry.tied_copy && entry.main_param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+          group_names.push_back(entry.name);
+        }
+      }
+    }
+    g.insert("params", group_names);
+    groups.push_back(g);
+  }
+  GenericDict inner = new_checkpoint_dict();
+  inner.insert("state", state);
+  inner.insert("param_groups", groups);
+  GenericDict optimizer = new_checkpoint_dict();
+  optimizer.insert("optimizer", inner);
+  optimizer.insert("optimizer_type", setup.config.optimizer.optimizer);
+  if (setup.mixed_precision) {
+    optimizer.insert("fp32_from_fp16_params", tensor_map(main_params));
+    if (const GradScaler* scaler = setup.mixed_precision->grad_scaler()) {
+      GenericDict grad_scaler = new_checkpoint_dict();
+      grad_scaler.insert("scale", scaler->scale());
+      grad_scaler.insert("growth_tracker", scaler->growth_tracker());
+      grad_scaler.insert("hysteresis_tracker", scaler->hysteresis_tracker());
+      optimizer.insert("grad_scaler", grad_scaler);
+    }
+  }
+  top.insert("optimizer", optimizer);
+
+  const parallel::tensor_parallel::RngStates rng = parallel::tensor_parallel::get_all_rng_states();
+  GenericDict rng_state = new_checkpoint_dict();
+  rng_state.insert("torch_rng_state", snapshot(rng.cpu));
+  if (rng.cuda.defined()) rng_state.insert("cuda_rng_state", snapshot(rng.cuda));
+  rng_state.insert("rng_tracker_states", tensor_map(rng.tracker));
+  GenericList rng_list = new_list();
+  rng_list.push_back(rng_state);
+  top.insert("rng_state", rng_list);
+  return top;
+}
+
+namespace {
+
+// One saved slice of a tensor: the file, the tensor and where it sits.
+struct Slice {
+  const LoadedFile* file;
+  torch::Tensor tensor;
+  dc::ShardedTensorLayout layout;
+};
+
+// The slices of `name` under `section` ("model", "fp32_from_fp16_params" or an optimizer-state key) in `files_of`'s
+// files; empty when the section lacks it in every file.
+std::vector<Slice> slices_of(const std::string& name, const std::map<std::string, LoadedFile>& files,
+                             const std::map<std::string, std::vector<std::string>>& files_of,
+                             const std::string& section) {
+  std::vector<Slice> slices;
+  auto holders = files_of.find(name);
+  if (holders == files_of.end()) return slices;
+  for (const std::string& path : holders->second) {
+    const LoadedFile& file = files.at(path);
+    GenericDict container = file.dict;
+    c10::IValue value;
+    if (section == "model") {
+      container = checkpoint_dict(file.dict, "model", file.path);
+    } else if (section == "fp32_from_fp16_params") {
+      GenericDict optimizer = checkpoint_dict(file.dict, "optimizer", file.path);
+      auto it = optimizer.find(c10::IValue(section));
+      if (it == optimizer.end()) continue;
+      container = it->value().toGenericDict();
+    } else {  // an optimizer-state key of the parameter
+      GenericDict state =
+          checkpoint_dict(checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path),
+                          "state", file.path);
+      auto it = state.find(c10::IValue(name));
+      if (it == state.end()) continue;
+      container = it->value().toGenericDict();
+      auto entry = container.find(c10::IValue(section));
+      if (entry == container.end()) continue;
+      GenericDict metadata = checkpoint_dict(file.dict, "shard_metadata", file.path);
+      slices.push_back(
+          {&file, entry->value().toTensor(),
+           dc::layout_from_ivalue(checkpoint_field(metadata, name, file.path), name + " in " + file.path)});
+      continue;
+    }
+    auto it = container.find(c10::IValue(name));
+    if (it == container.end()) continue;
+    if (!it->value().isTensor()) throw std::runtime_error(file.path + ": " + section + "/" + name + " is not a tensor");
+    GenericDict metadata = checkpoint_dict(file.dict, "shard_metadata", file.path);
+    slices.push_back({&file, it->value().toTensor(),
+                      dc::layout_from_ivalue(checkpoint_field(metadata, name, file.path), name + " in " + file.path)});
+  }
+  return slices;
+}
+
+// Checks that `slices` fill `entry`'s part of the tensor: same global shape (the vocabulary's padding aside), the
+// saved slice's shape matching its metadata, and every position covered once.
+void check_slices(const CheckpointParam& entry, const std::vector<Slice>& slices, const std::string& what) {
+  const std::string& name = entry.source_name();
+  if (slices.empty()) throw std::runtime_error("the checkpoint has no " + what + " for " + name);
+  const std::vector<int64_t>& want = entry.layout.global_shape;
+  int64_t covered = 0;
+  for (const Slice& slice : slices) {
+    const std::vector<int64_t>& have = slice.layout.global_shape;
+    bool compatible = have.size() == want.size();
+    for (std::size_t d = 0; compatible && d < want.size(); ++d) {
+      const bool padded_dim = is_vocab_padded(name) && static_cast<int64_t>(d) == entry.layout.partition_dim;
+      compatible = have[d] == want[d] || padded_dim;
+    }
+    if (!compatible) {
+      throw std::runtime_error(what + " " + name + " in " + slice.file->path + " has the global shape " +
+                               shape_string(have) + ", the model's is " + shape_string(want) +
+                               ": the checkpoint is of another model; make model.* match the checkpoint's config");
+    }
+    std::vector<int64_t> local = have;
+    if (!slice.layout.replicated()) {
+      int64_t rows = 0;
+      for (const auto& block : slice.layout.blocks) rows += block.length;
+      local[static_cast<std::size_t>(slice.layout.partition_dim)] = rows;
+    }
+    if (slice.tensor.sizes().vec() != local) {
+      throw std::runtime_error(what + " " + name + " in " + slice.file->path + " has the shape " +
+                               shape_string(slice.tensor.sizes()) + " but its metadata says " + shape_string(local) +
+                               "; the file is damaged");
+    }
+    covered += dc::count_overlap(entry.layout, slice.layout);
+    if (slice.layout.replicated()) break;  // a whole tensor: one file gives all of it
+  }
+  const int64_t needed = dc::positions_needed(entry.layout, slices.front().layout);
+  if (covered != needed) {
+    throw std::runtime_error("the checkpoint's slices of " + what + " " + name + " cover " + std::to_string(covered) +
+                             " of the " + std::to_string(needed) + " positions this rank needs (" +
+                             entry.layout.describe() + "); a rank's file is missing or damaged");
+  }
+}
+
+void copy_slices(torch::Tensor target, const CheckpointParam& entry, const std::vector<Slice>& slices) {
+  for (const Slice& slice : slices) {
+    dc::copy_overlap(target, entry.layout, slice.tensor, slice.layout);
+    if (slice.layout.replicated()) break;
+  }
+}
+
+// The state tensors each parameter of optimizer.optimizer `type` has.
+std::vector<std::string> optimizer_keys(const std::string& type) {
+  if (type == "adam") return {"exp_avg", "exp_avg_sq"};
+  return {"momentum_buffer"};
+}
+
+// Whether any file holds optimizer state for `name` (none before the first step).
+bool has_optimizer_state(const std::string& name, const std::map<std::string, LoadedFile>& files,
+                         const std::map<std::string, std::vector<std::string>>& files_of) {
+  auto holders = files_of.find(name);
+  if (holders == files_of.end()) return false;
+  for (const std::string& path : holders->second) {
+    const LoadedFile& file = files.at(path);
+    GenericDict state =
+        checkpoint_dict(checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path),
+                        "state", file.path);
+    if (state.contains(c10::IValue(name))) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void check_loadable(const std::vector<CheckpointParam>& params, const std::map<std::string, LoadedFile>& files,
+                    const std::map<std::string, std::vector<std::string>>& files_of, const LoadOptions& options) {
+  for (const CheckpointParam& entry : params) {
+    const std::string& name = entry.source_name();
+    check_slices(entry, slices_of(name, files, files_of, "model"), "the parameter");
+    if (!options.optimizer || !has_optimizer_state(name, files, files_of)) continue;
+    const LoadedFile& first = files.at(files_of.at(name).front());
+    const std::string saved =
+        checkpoint_field(checkpoint_dict(first.dict, "optimizer", first.path), "optimizer_type", first.path)
+            .toStringRef();
+    if (saved != options.optimizer_type) {
+      throw std::runtime_error("the checkpoint's optimizer state (" + first.path + ") is of optimizer '" + saved +
+                               "' but optimizer.optimizer is '" + options.optimizer_type +
+                               "'; set optimizer.optimizer=" + saved +
+                               ", or checkpoint.no_load_optim=true to start a fresh optimizer");
+    }
+    for (const std::string& key : optimizer_keys(saved)) {
+      std::vector<Slice> slices = slices_of(name, files, files_of, key);
+      if (key == "momentum_buffer" && slices.empty()) continue;  // SGD without momentum keeps none
+      check_slices(entry, slices, "the optimizer state '" + key + "' of");
+    }
+  }
+}
+
+void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
+                     const std::map<std::string, LoadedFile>& files,
+                     const std::map<std::string, std::vector<std::string>>& files_of, const LoadOptions& options) {
+  torch::NoGradGuard no_grad;
+  auto& optimizer_state = setup.optimizer->state();
+  const bool adam = dynamic_cast<torch::optim::AdamW*>(setup.optimizer.get()) != nullptr;
+  for (const CheckpointParam& entry : params) {
+    const std::string& name = entry.source_name();
+    const std::vector<Slice> model = slices_of(name, files, files_of, "model");
+    copy_slices(entry.param, entry, model);
+    if (setup.mixed_precision) {
+      // The fp32 main values where the checkpoint has them (saved under mixed precision), else the model's.
+      std::vector<Slice> main = slices_of(name, files, files_of, "fp32_from_fp16_params");
+      copy_slices(entry.main_param, entry, main.empty() ? model : main);
+    }
+    if (!options.optimizer || !has_optimizer_state(name, files, files_of)) continue;
+    const void* key = entry.main_param.unsafeGetTensorImpl();
+    if (adam) {
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      // The step count of the first file that holds this parameter's state (every slice stepped together).
+      for (const std::string& path : files_of.at(name)) {
+        const LoadedFile& file = files.at(path);
+        GenericDict all =
+            checkpoint_dict(checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path),
+                            "state", file.path);
+        auto it = all.find(c10::IValue(name));
+        if (it == all.end()) continue;
+        state->step(checkpoint_field(it->value().toGenericDict(), "step", file.path).toInt());
+        break;
+      }
+      state->exp_avg(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
+      state->exp_avg_sq(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
+      copy_slices(state->exp_avg(), entry, slices_of(name, files, files_of, "exp_avg"));
+      copy_slices(state->exp_avg_sq(), entry, slices_of(name, files, files_of, "exp_avg_sq"));
+      optimizer_state[const_cast<void*>(key)] = std::move(state);
+    } else {
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      std::vector<Slice> momentum = slices_of(name, files, files_of, "momentum_buffer");
+      if (!momentum.empty()) {
+        state->momentum_buffer(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
+        copy_slices(state->momentum_buffer(), entry, momentum);
+      }
+      optimizer_state[const_cast<void*>(key)] = std::move(state);
+    }
+  }
+}
+
+void load_progress(PretrainSetup& setup, const c10::impl::GenericDict& common) {
+  const GenericDict progress = checkpoint_dict(common, "train_state", "common.pt");
+  TrainState& train_state = setup.state.train_state;
+  train_state.step = checkpoint_field(progress, "step", "train_state").toInt();
+  train_state.consumed_train_samples = checkpoint_field(progress, "consumed_train_samples", "train_state").toInt();
+  train_state.skipped_train_samples = checkpoint_field(progress, "skipped_train_samples", "train_state").toInt();
+  train_state.consumed_valid_samples = checkpoint_field(progress, "consumed_valid_samples", "train_state").toInt();
+  train_state.floating_point_operations_so_far =
+      checkpoint_field(progress, "floating_point_operations_so_far", "train_state").toDouble();
+  const GenericDict scheduler = checkpoint_dict(common, "opt_param_scheduler", "common.pt");
+  setup.scheduler->set_num_steps(checkpoint_field(scheduler, "num_steps", "opt_param_scheduler").toInt());
+}
+
+void load_rng_state(const c10::impl::GenericDict& rank_file, const std::string& path) {
+  const c10::IValue list = checkpoint_field(rank_file, "rng_state", path);
+  if (!list.isList() || list.toListRef().empty() || !list.toListRef()[0].isGenericDict()) {
+    throw std::runtime_error(path + ": rng_state is not a list of dicts; the file is damaged");
+  }
+  const GenericDict rng = list.toListRef()[0].toGenericDict();
+  parallel::tensor_parallel::RngStates states;
+  states.cpu = checkpoint_field(rng, "torch_rng_state", path).toTensor();
+  auto cuda = rng.find(c10::IValue(std::string("cuda_rng_state")));
+  if (cuda != rng.end()) states.cuda = cuda->value().toTensor();
+  for (const auto& item : checkpoint_dict(rng, "rng_tracker_states", path)) {
+    states.tracker.emplace(item.key().toStringRef(), item.value().toTensor());
+  }
+  parallel::tensor_parallel::set_all_rng_states(states);
+}
+
+}  // namespace bridge::training

@@ -1,0 +1,92 @@
+// What a checkpoint holds and how it goes back: this rank's model, optimizer, scheduler, counters and RNG streams as
+// a dict in PyTorch's pickle format (Megatron-LM's top-level keys, Megatron-Core's parameter names), every tensor
+// with its place in the global tensor, so that a load in another parallel layout takes the slices it needs.
+//
+// File layout of one rank's model_optim_rng.pt (torch.load(path, weights_only=True) opens it):
+//   checkpoint_version, iteration, config (the resolved YAML), parallel_layout, train_state,
+//   model:               {"decoder.layers.0.self_attention.linear_qkv.weight": tensor, ...}   this rank's slices
+//   optimizer:           {"optimizer": {"state": {name: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [...]},
+//                         "fp32_from_fp16_params": {name: tensor}, "grad_scaler": {...}}
+//   opt_param_scheduler: {"num_steps", "max_lr", ...}
+//   rng_state:           [{"torch_rng_state", "cuda_rng_state", "rng_tracker_states": {...}}]
+//   shard_metadata:      {name: {"global_shape", "partition_dim", "blocks"}}
+//   callbacks, user_state
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "parallel/dist_checkpointing/sharded_tensor.h"
+#include "training/pretrain_setup.h"
+
+namespace bridge::training {
+
+/// Megatron-LM's checkpoint_version; this layout (global names, shard metadata) is bridge's 1 of it.
+inline constexpr double kCheckpointVersion = 3.0;
+
+/// One trainable parameter of this rank as checkpoints see it.
+struct CheckpointParam {
+  std::string name;          ///< the global (Megatron-Core) name
+  torch::Tensor param;       ///< the model's
+  torch::Tensor main_param;  ///< what the optimizer steps on: the fp32 main param under mixed precision, else param
+  parallel::dist_checkpointing::ShardedTensorLayout layout;
+  /// The last pipeline stage's copy of the tied word embedding: not saved, loaded from the embedding's entries.
+  bool tied_copy = false;
+  /// The name its values are saved under: the embedding's for the tied copy, else `name`.
+  const std::string& source_name() const;
+};
+
+/// This rank's trainable parameters, in setup.params order.
+std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup);
+
+/// "mp_rank_01" or, with a pipeline, "mp_rank_01_002": Megatron's folder of one model-parallel rank.
+std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size);
+
+/// The dict this rank saves for `iteration` (see the top of this file). Tensors are detached CPU copies, so the
+/// result stays valid while training goes on (an asynchronous save writes it later).
+c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
+                                       int64_t iteration);
+
+/// A loaded file's dict, with the path it came from for error messages.
+struct LoadedFile {
+  std::string path;
+  c10::impl::GenericDict dict{c10::AnyType::get(), c10::AnyType::get()};
+};
+
+/// What to take from a checkpoint (CheckpointConfig's switches, resolved).
+struct LoadOptions {
+  bool optimizer = true;  ///< optimizer state and grad scaler
+  bool rng = true;        ///< RNG streams (only where the tensor- and pipeline-parallel sizes are unchanged)
+  bool progress = true;   ///< iteration, counters and scheduler (off: a fine-tuning start)
+  std::string optimizer_type = "adam";  ///< optimizer.optimizer of this run, checked against the checkpoint's
+};
+
+/// Checks that `files` hold every slice of every parameter in `params` (model and, with options.optimizer, the
+/// optimizer state) with compatible shapes, without changing anything. Throws std::runtime_error naming the
+/// tensor and the file.
+void check_loadable(const std::vector<CheckpointParam>& params, const std::map<std::string, LoadedFile>& files,
+                    const std::map<std::string, std::vector<std::string>>& files_of, const LoadOptions& options);
+
+/// Copies the slices into the model, the fp32 main params and the optimizer state (after check_loadable passed).
+/// `files_of` maps a global name to the files holding its slices.
+void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
+                     const std::map<std::string, LoadedFile>& files,
+                     const std::map<std::string, std::vector<std::string>>& files_of, const LoadOptions& options);
+
+/// Restores the counters and scheduler position from `common` (rank 0's common.pt or any rank file).
+void load_progress(PretrainSetup& setup, const c10::impl::GenericDict& common);
+
+/// Restores this rank's RNG streams (CPU, CUDA, tensor-parallel tracker) from its own rank file's dict.
+void load_rng_state(const c10::impl::GenericDict& rank_file, const std::string& path);
+
+/// Dict helpers shared by the checkpoint code: the value under `key`, or a std::runtime_error naming `what`.
+c10::IValue checkpoint_field(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what);
+c10::impl::GenericDict checkpoint_dict(const c10::impl::GenericDict& dict, const std::string& key,
+                                       const std::string& what);
+c10::impl::GenericDict new_checkpoint_dict();
+
+}  // namespace bridge::training

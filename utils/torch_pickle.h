@@ -1,0 +1,26 @@
+// PyTorch's own file format for checkpoints: a zip archive holding a pickle and the tensors' storages, which Python's
+// torch.load opens, also with weights_only=True (torch >= 2.6's default, and how Megatron-LM loads). LibTorch's
+// torch::pickle_save writes the same archive but tags every dict and list with its TorchScript type, a global the
+// weights-only unpickler refuses; these functions write them untagged, and read either.
+//
+//   c10::impl::GenericDict state(c10::AnyType::get(), c10::AnyType::get());
+//   state.insert("model", weights);
+//   save_torch_pickle("ckpt/model_optim_rng.pt", state);   // durably: temporary file, fsync, rename
+//   c10::IValue back = load_torch_pickle("ckpt/model_optim_rng.pt");
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <filesystem>
+
+namespace bridge::utils {
+
+/// Writes `value` (dicts, lists, tuples, strings, numbers, None and CPU tensors) to `path` atomically and durably
+/// (see durable_file.h). Throws std::runtime_error naming the path.
+void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& value);
+
+/// Reads a file that save_torch_pickle, torch::pickle_save or Python's torch.save (of plain containers and tensors)
+/// wrote. Throws std::runtime_error naming the path when it cannot.
+c10::IValue load_torch_pickle(const std::filesystem::path& path);
+
+}  // namespace bridge::utils
