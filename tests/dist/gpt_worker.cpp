@@ -12,6 +12,10 @@
 //       identical across the tensor-parallel group, which holds only if replicated activations draw the same masks.
 //   gpt_worker bad_data
 //       rank 0 trains on mock data, the last rank on a dataset prefix that does not exist: both exit 3 at once.
+//   gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save_dir|-> <load_dir|->
+//       pretrain() the tiny GPT (vocabulary padded alike at tp 1, 2 and 4) for <steps> steps, saving to / loading
+//       from the directories, and write <out_dir>/rank<r>.txt: the losses (last stage) and grad norms (rank 0) of
+//       every step as exact hex floats, and a CRC of every parameter slice this rank holds after the last step.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
 //
@@ -27,6 +31,7 @@
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "tests/dist/gpt_worker_support.h"
+#include "utils/crc32c.h"
 
 namespace {
 
@@ -151,6 +156,44 @@ int run_control(const std::string& action, int requesting_rank, int64_t at_step,
   return 0;
 }
 
+int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& save,
+               const std::string& load) {
+  auto manager = std::make_shared<CallbackManager>();
+  std::string lines;
+  auto add = [&](const char* kind, int64_t step, double value) {
+    char line[96];
+    std::snprintf(line, sizeof(line), "%s %lld %a\n", kind, static_cast<long long>(step), value);
+    lines += line;
+  };
+  manager->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+    const int64_t step = ctx.state.train_state.step;
+    if (parallel::get_rank() == 0) add("gradnorm", step, *ctx.grad_norm);
+    if (!ctx.loss_dict->empty() && parallel::get_tensor_model_parallel_rank() == 0 &&
+        parallel::get_data_parallel_rank() == 0) {
+      add("loss", step, ctx.loss_dict->at("lm loss").item<double>());
+    }
+  });
+  manager->register_callback(Event::kTrainEnd, [&](CallbackContext& ctx) {
+    for (const auto& chunk : ctx.model) {
+      for (const auto& [name, param] :
+           models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
+        const torch::Tensor bytes = param.detach().contiguous();
+        const auto crc = utils::crc32c(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+        lines += "param " + name + " " + std::to_string(parallel::get_tensor_model_parallel_rank()) + " " +
+                 std::to_string(crc) + "\n";
+      }
+    }
+  });
+  ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
+  config.model.make_vocab_size_divisible_by = 32;  // 128 rows at tp 1, 2 and 4
+  config.scheduler.lr_decay_iters = 8;  // the same schedule in a run stopped early and in the whole run
+  if (save != "-") config.checkpoint.save = save;
+  if (load != "-") config.checkpoint.load = load;
+  pretrain(config, gpt_forward_step, manager);
+  std::ofstream(out_dir + "/rank" + std::to_string(parallel::get_rank()) + ".txt") << lines;
+  return 0;
+}
+
 }  // namespace
 
 // Rank 0 trains on mock data, the last rank on a dataset prefix that does not exist: both must fail at once.
@@ -173,6 +216,7 @@ int main(int argc, char** argv) {
   return bridge::testing::worker_main(argc, argv,
                                       "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision]\n"
                                       "       gpt_worker dropout\n"
+                                      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|->\n"
                                       "       gpt_worker bad_data\n"
                                       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n",
                                       [&](const std::string& scenario) {
@@ -182,6 +226,10 @@ int main(int argc, char** argv) {
                                                             argc == 8 ? argv[7] : "fp32");
                                         }
                                         if (scenario == "dropout" && argc == 2) return run_dropout();
+                                        if (scenario == "resume" && argc == 9) {
+                                          return run_resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
+                                                            std::stoi(argv[5]), std::stoll(argv[6]), argv[7], argv[8]);
+                                        }
                                         if (scenario == "bad_data" && argc == 2) return run_bad_data();
                                         if (scenario == "control" && argc == 6) {
                                           return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);

@@ -37,6 +37,7 @@ ConfigContainer tiny_config(int64_t steps) {
   config.train.train_iters = steps;
   config.train.num_threads = 1;
   config.scheduler.lr_warmup_iters = 2;
+  config.scheduler.lr_decay_iters = 6;  // one schedule for the whole job, also in a run stopped half-way
   return config;
 }
 
