@@ -3,6 +3,7 @@
 #include "training/checkpoint_state.h"
 
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -10,7 +11,6 @@
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/random.h"
 #include "training/config_yaml.h"
-#include "utils/logging.h"
 
 namespace bridge::training {
 namespace dc = parallel::dist_checkpointing;
@@ -213,44 +213,48 @@ struct Slice {
   dc::ShardedTensorLayout layout;
 };
 
-// The slices of `name` under `section` ("model", "fp32_from_fp16_params" or an optimizer-state key) in `files_of`'s
-// files; empty when the section lacks it in every file.
+// The optimizer state `file` holds for the parameter saved as `name` ({"step", "exp_avg", ...}); none before the
+// first step.
+std::optional<GenericDict> param_optimizer_state(const LoadedFile& file, const std::string& name) {
+  const GenericDict optimizer =
+      checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path);
+  const GenericDict state = checkpoint_dict(optimizer, "state", file.path);
+  auto it = state.find(c10::IValue(name));
+  if (it == state.end()) return std::nullopt;
+  return it->value().toGenericDict();
+}
+
+// The dict of `file` that holds the tensors of `section` ("model", "fp32_from_fp16_params" or an optimizer-state
+// key such as "exp_avg") under their names, with `name`'s optimizer state as the dict for an optimizer-state key;
+// none when the file lacks the section.
+std::optional<GenericDict> section_of(const LoadedFile& file, const std::string& name, const std::string& section) {
+  if (section == "model") return checkpoint_dict(file.dict, "model", file.path);
+  if (section == "fp32_from_fp16_params") {
+    const GenericDict optimizer = checkpoint_dict(file.dict, "optimizer", file.path);
+    auto it = optimizer.find(c10::IValue(section));
+    if (it == optimizer.end()) return std::nullopt;
+    return it->value().toGenericDict();
+  }
+  return param_optimizer_state(file, name);
+}
+
+// The slices of `name` under `section` in `files_of`'s files; empty when the section lacks it in every file.
 std::vector<Slice> slices_of(const std::string& name, const std::map<std::string, LoadedFile>& files,
                              const std::map<std::string, std::vector<std::string>>& files_of,
                              const std::string& section) {
   std::vector<Slice> slices;
   auto holders = files_of.find(name);
   if (holders == files_of.end()) return slices;
+  // Optimizer-state dicts are per parameter: the tensor sits under the state key, not under the name.
+  const bool per_parameter = section != "model" && section != "fp32_from_fp16_params";
   for (const std::string& path : holders->second) {
     const LoadedFile& file = files.at(path);
-    GenericDict container = file.dict;
-    c10::IValue value;
-    if (section == "model") {
-      container = checkpoint_dict(file.dict, "model", file.path);
-    } else if (section == "fp32_from_fp16_params") {
-      GenericDict optimizer = checkpoint_dict(file.dict, "optimizer", file.path);
-      auto it = optimizer.find(c10::IValue(section));
-      if (it == optimizer.end()) continue;
-      container = it->value().toGenericDict();
-    } else {  // an optimizer-state key of the parameter
-      GenericDict state =
-          checkpoint_dict(checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path),
-                          "state", file.path);
-      auto it = state.find(c10::IValue(name));
-      if (it == state.end()) continue;
-      container = it->value().toGenericDict();
-      auto entry = container.find(c10::IValue(section));
-      if (entry == container.end()) continue;
-      GenericDict metadata = checkpoint_dict(file.dict, "shard_metadata", file.path);
-      slices.push_back(
-          {&file, entry->value().toTensor(),
-           dc::layout_from_ivalue(checkpoint_field(metadata, name, file.path), name + " in " + file.path)});
-      continue;
-    }
-    auto it = container.find(c10::IValue(name));
-    if (it == container.end()) continue;
+    const std::optional<GenericDict> container = section_of(file, name, section);
+    if (!container) continue;
+    auto it = container->find(c10::IValue(per_parameter ? section : name));
+    if (it == container->end()) continue;
     if (!it->value().isTensor()) throw std::runtime_error(file.path + ": " + section + "/" + name + " is not a tensor");
-    GenericDict metadata = checkpoint_dict(file.dict, "shard_metadata", file.path);
+    const GenericDict metadata = checkpoint_dict(file.dict, "shard_metadata", file.path);
     slices.push_back({&file, it->value().toTensor(),
                       dc::layout_from_ivalue(checkpoint_field(metadata, name, file.path), name + " in " + file.path)});
   }
@@ -311,19 +315,17 @@ std::vector<std::string> optimizer_keys(const std::string& type) {
   return {"momentum_buffer"};
 }
 
-// Whether any file holds optimizer state for `name` (none before the first step).
-bool has_optimizer_state(const std::string& name, const std::map<std::string, LoadedFile>& files,
-                         const std::map<std::string, std::vector<std::string>>& files_of) {
+// The optimizer state of `name` in the first file that holds any (every slice stepped together); none before the
+// first step.
+std::optional<GenericDict> first_optimizer_state(const std::string& name,
+                                                 const std::map<std::string, LoadedFile>& files,
+                                                 const std::map<std::string, std::vector<std::string>>& files_of) {
   auto holders = files_of.find(name);
-  if (holders == files_of.end()) return false;
+  if (holders == files_of.end()) return std::nullopt;
   for (const std::string& path : holders->second) {
-    const LoadedFile& file = files.at(path);
-    GenericDict state =
-        checkpoint_dict(checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path),
-                        "state", file.path);
-    if (state.contains(c10::IValue(name))) return true;
+    if (std::optional<GenericDict> state = param_optimizer_state(files.at(path), name)) return state;
   }
-  return false;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -333,7 +335,7 @@ void check_loadable(const std::vector<CheckpointParam>& params, const std::map<s
   for (const CheckpointParam& entry : params) {
     const std::string& name = entry.source_name();
     check_slices(entry, slices_of(name, files, files_of, "model"), "the parameter");
-    if (!options.optimizer || !has_optimizer_state(name, files, files_of)) continue;
+    if (!options.optimizer || !first_optimizer_state(name, files, files_of)) continue;
     const LoadedFile& first = files.at(files_of.at(name).front());
     const std::string saved =
         checkpoint_field(checkpoint_dict(first.dict, "optimizer", first.path), "optimizer_type", first.path)
@@ -367,21 +369,13 @@ void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& p
       std::vector<Slice> main = slices_of(name, files, files_of, "fp32_from_fp16_params");
       copy_slices(entry.main_param, entry, main.empty() ? model : main);
     }
-    if (!options.optimizer || !has_optimizer_state(name, files, files_of)) continue;
+    const std::optional<GenericDict> saved_state =
+        options.optimizer ? first_optimizer_state(name, files, files_of) : std::nullopt;
+    if (!saved_state) continue;
     const void* key = entry.main_param.unsafeGetTensorImpl();
     if (adam) {
       auto state = std::make_unique<torch::optim::AdamWParamState>();
-      // The step count of the first file that holds this parameter's state (every slice stepped together).
-      for (const std::string& path : files_of.at(name)) {
-        const LoadedFile& file = files.at(path);
-        GenericDict all =
-            checkpoint_dict(checkpoint_dict(checkpoint_dict(file.dict, "optimizer", file.path), "optimizer", file.path),
-                            "state", file.path);
-        auto it = all.find(c10::IValue(name));
-        if (it == all.end()) continue;
-        state->step(checkpoint_field(it->value().toGenericDict(), "step", file.path).toInt());
-        break;
-      }
+      state->step(checkpoint_field(*saved_state, "step", name).toInt());
       state->exp_avg(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
       state->exp_avg_sq(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
       copy_slices(state->exp_avg(), entry, slices_of(name, files, files_of, "exp_avg"));

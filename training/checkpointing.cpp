@@ -2,7 +2,7 @@
 // against overwriting newer checkpoints, and the collectives that make every rank succeed or fail together.
 #include "training/checkpointing.h"
 
-#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -13,7 +13,6 @@
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
-#include "parallel/tensor_parallel/random.h"
 #include "training/callback_state.h"
 #include "training/checkpoint_state.h"
 #include "utils/durable_file.h"
@@ -71,7 +70,10 @@ void on_every_rank(const std::string& what, Work&& work) {
   throw std::runtime_error(what + " failed on rank(s) " + bridge::utils::join(ranks, ", ") + "; see their errors");
 }
 
-std::string shape_text(c10::IntArrayRef shape) { return c10::str(shape); }
+// `message` with `what` in front, unless it already starts with it (another rank's failure, which names it).
+std::string in_context(const std::string& what, const std::string& message) {
+  return message.rfind(what, 0) == 0 ? message : what + ": " + message;
+}
 
 // The iterations of the complete (common.pt present) and incomplete iter_* directories under `root`.
 std::map<int64_t, bool> checkpoint_iterations(const fs::path& root) {
@@ -157,7 +159,7 @@ std::string save_checkpoint(PretrainSetup& setup) {
       write_pickle(directory / rank_file, own);
     });
   } catch (const std::exception& error) {
-    throw std::runtime_error(what + " failed: " + error.what() + ". " + kTracker +
+    throw std::runtime_error(in_context(what, error.what()) + ". " + kTracker +
                              " still names the previous complete checkpoint; check that checkpoint.save is writable "
                              "and has space.");
   }
@@ -329,11 +331,12 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   bool same_layout = false;
   std::string own_file;  // this rank's (tp, pp) file when the layout is unchanged
 
-  // Every model name and shape of the job, to compare with the checkpoint's index on every rank alike.
+  // Every model name of the job, to compare with the checkpoint's index on every rank alike (shapes are checked
+  // slice by slice on the ranks that load them).
   std::ostringstream names;
   if (setup.data_parallel_rank == 0) {
     for (const CheckpointParam& entry : params) {
-      if (!entry.tied_copy) names << entry.name << '\t' << shape_text(entry.layout.global_shape) << '\n';
+      if (!entry.tied_copy) names << entry.name << '\n';
     }
   }
   const std::vector<std::string> gathered = parallel::all_gather_strings(world, names.str());
@@ -359,7 +362,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
       std::set<std::string> model_names;
       for (const std::string& text : gathered) {
         std::istringstream in(text);
-        for (std::string line; std::getline(in, line);) model_names.insert(line.substr(0, line.find('\t')));
+        for (std::string line; std::getline(in, line);) model_names.insert(line);
       }
       for (const std::string& name : model_names) {
         if (!index.contains(c10::IValue(name))) {
@@ -390,13 +393,12 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
       check_loadable(params, files, files_of, options);
     });
   } catch (const std::exception& error) {
-    const std::string message = error.what();
-    throw std::runtime_error(message.rfind(what, 0) == 0 ? message : what + ": " + message);
+    throw std::runtime_error(in_context(what, error.what()));
   }
 
   // Nothing was modified so far; every rank's check passed.
   load_parameters(setup, params, files, files_of, options);
-  LoadedCheckpoint loaded{directory.string(), source->iteration, options.progress, false};
+  LoadedCheckpoint loaded{directory.string(), source->iteration, false};
   if (options.progress) {
     load_progress(setup, common);
     setup.last_saved_step = setup.state.train_state.step;

@@ -186,7 +186,7 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   });
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   config.model.make_vocab_size_divisible_by = 32;  // 128 rows at tp 1, 2 and 4
-  config.scheduler.lr_decay_iters = 8;  // the same schedule in a run stopped early and in the whole run
+  config.scheduler.lr_decay_iters = 8;             // the same schedule in a run stopped early and in the whole run
   if (save != "-") config.checkpoint.save = save;
   if (load != "-") config.checkpoint.load = load;
   pretrain(config, gpt_forward_step, manager);
