@@ -11,6 +11,7 @@
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/random.h"
 #include "training/config_yaml.h"
+#include "training/optimizer.h"
 
 namespace bridge::training {
 namespace dc = parallel::dist_checkpointing;
@@ -144,7 +145,7 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
     if (setup.mixed_precision) main_params.emplace(entry.name, entry.main_param);
     metadata.insert(entry.name, dc::to_ivalue(entry.layout));
     names.push_back(entry.name);
-    auto found = optimizer_state.find(entry.main_param.unsafeGetTensorImpl());
+    auto found = optimizer_state.find(optimizer_state_key(entry.main_param));
     if (found == optimizer_state.end()) continue;  // no step yet
     GenericDict param_state = new_checkpoint_dict();
     if (auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
@@ -372,7 +373,7 @@ void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& p
     const std::optional<GenericDict> saved_state =
         options.optimizer ? first_optimizer_state(name, files, files_of) : std::nullopt;
     if (!saved_state) continue;
-    const void* key = entry.main_param.unsafeGetTensorImpl();
+    const auto key = optimizer_state_key(entry.main_param);
     if (adam) {
       auto state = std::make_unique<torch::optim::AdamWParamState>();
       state->step(checkpoint_field(*saved_state, "step", name).toInt());
@@ -380,7 +381,7 @@ void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& p
       state->exp_avg_sq(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
       copy_slices(state->exp_avg(), entry, slices_of(name, files, files_of, "exp_avg"));
       copy_slices(state->exp_avg_sq(), entry, slices_of(name, files, files_of, "exp_avg_sq"));
-      optimizer_state[const_cast<void*>(key)] = std::move(state);
+      optimizer_state[key] = std::move(state);
     } else {
       auto state = std::make_unique<torch::optim::SGDParamState>();
       std::vector<Slice> momentum = slices_of(name, files, files_of, "momentum_buffer");
@@ -388,7 +389,7 @@ void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& p
         state->momentum_buffer(torch::zeros_like(entry.main_param, torch::MemoryFormat::Preserve));
         copy_slices(state->momentum_buffer(), entry, momentum);
       }
-      optimizer_state[const_cast<void*>(key)] = std::move(state);
+      optimizer_state[key] = std::move(state);
     }
   }
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <string>
@@ -30,5 +31,15 @@ struct OptimizerConfig {
 /// Params that do not require grad are left out; the decayed group comes first, and an empty group is omitted.
 std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& config,
                                                          const std::vector<torch::Tensor>& params);
+
+/// The key of `param` in torch::optim::Optimizer::state(): its TensorImpl's address, which LibTorch 1.x keeps as a
+/// string and 2.x as a pointer.
+inline auto optimizer_state_key(const torch::Tensor& param) {
+#if TORCH_VERSION_MAJOR < 2
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+#else
+  return static_cast<void*>(param.unsafeGetTensorImpl());
+#endif
+}
 
 }  // namespace bridge::training
