@@ -3,8 +3,10 @@
 #include "training/checkpointing.h"
 
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <set>
 #include <sstream>
@@ -137,31 +139,94 @@ std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& dir
                            "checkpoints)");
 }
 
+// A save between its snapshot and its finalisation.
+struct PendingCheckpoint {
+  int64_t iteration = 0;
+  fs::path root;
+  fs::path directory;
+  std::string what;  // "saving checkpoint iteration 7 under <dir>", for errors
+  std::chrono::steady_clock::time_point started;
+  GenericDict shared = new_checkpoint_dict();  // rank 0: what common.pt copies from its own file
+  std::vector<std::string> index;              // rank 0: every rank's tensor-index lines
+  std::future<void> written;                   // this rank's file: deferred (sync) or on a thread (async_save)
+};
+
+namespace {
+
+// The tracker's error hint when a save fails.
+std::string failed_save(const std::string& what, const std::exception& error) {
+  return in_context(what, error.what()) + ". " + kTracker +
+         " still names the previous complete checkpoint; check that checkpoint.save is writable and has space.";
+}
+
+// Rank 0's common.pt: the shared state and the tensor index (which file holds which slices of every global tensor,
+// for loads in other layouts).
+GenericDict common_state(const PendingCheckpoint& pending) {
+  GenericDict tensors = new_checkpoint_dict();
+  std::set<std::string> files;
+  for (const std::string& text : pending.index) {
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<std::string> fields;
+      std::istringstream parts(line);
+      for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
+      GenericDict entry = new_checkpoint_dict();
+      auto existing = tensors.find(c10::IValue(fields[0]));
+      if (existing != tensors.end()) entry = existing->value().toGenericDict();
+      GenericList holders(c10::AnyType::get());
+      if (entry.contains(c10::IValue(std::string("files")))) {
+        holders = entry.at(c10::IValue(std::string("files"))).toList();
+      }
+      holders.push_back(fields[1]);
+      GenericList shape(c10::AnyType::get());
+      std::istringstream sizes(fields[2]);
+      for (std::string size; std::getline(sizes, size, ',');) shape.push_back(static_cast<int64_t>(std::stoll(size)));
+      entry.insert_or_assign("global_shape", shape);
+      entry.insert_or_assign("dtype", fields[3]);
+      entry.insert_or_assign("files", holders);
+      tensors.insert_or_assign(fields[0], entry);
+      files.insert(fields[1]);
+    }
+  }
+  GenericDict common = new_checkpoint_dict();
+  for (const auto& item : pending.shared) common.insert(item.key(), item.value());
+  GenericList file_list(c10::AnyType::get());
+  for (const std::string& file : files) file_list.push_back(file);
+  common.insert("files", file_list);
+  common.insert("tensors", tensors);
+  return common;
+}
+
+}  // namespace
+
 std::string save_checkpoint(PretrainSetup& setup) {
-  const int64_t iteration = setup.state.train_state.step;
-  const fs::path root(setup.config.checkpoint.save);
-  const fs::path directory = root / checkpoint_directory_name(iteration);
+  finalize_checkpoint_save(setup, /*blocking=*/true);  // the previous asynchronous save completes first
+  auto pending = std::make_shared<PendingCheckpoint>();
+  pending->iteration = setup.state.train_state.step;
+  pending->root = setup.config.checkpoint.save;
+  pending->directory = pending->root / checkpoint_directory_name(pending->iteration);
+  pending->what =
+      "saving checkpoint iteration " + std::to_string(pending->iteration) + " under " + pending->directory.string();
+  pending->started = std::chrono::steady_clock::now();
   const bool writer = setup.data_parallel_rank == 0;
   const std::vector<CheckpointParam> params = checkpoint_params(setup);
   const std::string rank_file = relative_rank_file();
   std::vector<std::string> skipped_user_state;
 
+  // The snapshot: CPU copies of this rank's state as of this step, so the write may happen while training goes on.
   GenericDict own = new_checkpoint_dict();
-  const std::string what = "saving checkpoint iteration " + std::to_string(iteration) + " under " + directory.string();
   try {
-    on_every_rank(what, [&] {
+    on_every_rank(pending->what, [&] {
       if (!writer) return;
-      own = rank_state_dict(setup, params, iteration);
+      own = rank_state_dict(setup, params, pending->iteration);
       if (setup.callbacks) {
         own.insert("callbacks", save_callback_states(*setup.callbacks));
         own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));
       }
-      write_pickle(directory / rank_file, own);
     });
   } catch (const std::exception& error) {
-    throw std::runtime_error(in_context(what, error.what()) + ". " + kTracker +
-                             " still names the previous complete checkpoint; check that checkpoint.save is writable "
-                             "and has space.");
+    throw std::runtime_error(failed_save(pending->what, error));
   }
   if (!skipped_user_state.empty() && parallel::get_rank() == 0) {
     bridge::utils::logger().warn(
@@ -170,7 +235,6 @@ std::string save_checkpoint(PretrainSetup& setup) {
         bridge::utils::join(skipped_user_state, ", "));
   }
 
-  // The tensor index: which file holds which slices of every global tensor, for loads in other layouts.
   std::ostringstream lines;
   if (writer) {
     for (const CheckpointParam& entry : params) {
@@ -180,57 +244,57 @@ std::string save_checkpoint(PretrainSetup& setup) {
       lines << '\t' << c10::toString(entry.param.scalar_type()) << '\n';
     }
   }
-  const std::vector<std::string> gathered = parallel::all_gather_strings(parallel::get_world_group(), lines.str());
-
-  on_every_rank(what, [&] {
-    if (parallel::get_rank() != 0) return;
-    GenericDict tensors = new_checkpoint_dict();
-    std::set<std::string> files;
-    for (const std::string& text : gathered) {
-      std::istringstream in(text);
-      std::string line;
-      while (std::getline(in, line)) {
-        std::vector<std::string> fields;
-        std::istringstream parts(line);
-        for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
-        GenericDict entry = new_checkpoint_dict();
-        auto existing = tensors.find(c10::IValue(fields[0]));
-        if (existing != tensors.end()) entry = existing->value().toGenericDict();
-        GenericList holders(c10::AnyType::get());
-        if (entry.contains(c10::IValue(std::string("files")))) {
-          holders = entry.at(c10::IValue(std::string("files"))).toList();
-        }
-        holders.push_back(fields[1]);
-        GenericList shape(c10::AnyType::get());
-        std::istringstream sizes(fields[2]);
-        for (std::string size; std::getline(sizes, size, ',');) shape.push_back(static_cast<int64_t>(std::stoll(size)));
-        entry.insert_or_assign("global_shape", shape);
-        entry.insert_or_assign("dtype", fields[3]);
-        entry.insert_or_assign("files", holders);
-        tensors.insert_or_assign(fields[0], entry);
-        files.insert(fields[1]);
-      }
-    }
-    GenericDict common = new_checkpoint_dict();
+  pending->index = parallel::all_gather_strings(parallel::get_world_group(), lines.str());
+  if (parallel::get_rank() == 0) {
     for (const char* key : {"checkpoint_version", "iteration", "config", "parallel_layout", "train_state",
                             "opt_param_scheduler", "callbacks", "user_state"}) {
       auto it = own.find(c10::IValue(std::string(key)));
-      if (it != own.end()) common.insert(key, it->value());
+      if (it != own.end()) pending->shared.insert(key, it->value());
     }
-    GenericList file_list(c10::AnyType::get());
-    for (const std::string& file : files) file_list.push_back(file);
-    common.insert("files", file_list);
-    common.insert("tensors", tensors);
-    write_pickle(directory / kCommon, common);
-    bridge::utils::write_file_durably(root / kTracker, std::to_string(iteration) + "\n");
-    delete_old_checkpoints(root, iteration, setup.config.checkpoint.most_recent_k);
+  }
+
+  const bool async = setup.config.checkpoint.async_save;
+  auto write = [own, path = pending->directory / rank_file, writer] {
+    if (writer) write_pickle(path, own);
+  };
+  pending->written = std::async(async ? std::launch::async : std::launch::deferred, std::move(write));
+  const std::string directory = pending->directory.string();
+  setup.last_saved_step = pending->iteration;
+  setup.pending_checkpoint = std::move(pending);
+  if (!async) finalize_checkpoint_save(setup, /*blocking=*/true);
+  return directory;
+}
+
+void finalize_checkpoint_save(PretrainSetup& setup, bool blocking) {
+  if (!setup.pending_checkpoint) return;
+  parallel::ProcessGroup& world = parallel::get_world_group();
+  if (!blocking) {
+    // common.pt may only name files that every rank has finished writing.
+    const bool done =
+        setup.pending_checkpoint->written.wait_for(std::chrono::seconds(0)) != std::future_status::timeout;
+    torch::Tensor unfinished = torch::tensor({done ? 0L : 1L}, torch::kLong);
+    world.all_reduce(unfinished);
+    if (unfinished.item<int64_t>() > 0) return;
+  }
+  const std::shared_ptr<PendingCheckpoint> pending = std::move(setup.pending_checkpoint);
+  try {
+    on_every_rank(pending->what, [&] { pending->written.get(); });
+  } catch (const std::exception& error) {
+    throw std::runtime_error(failed_save(pending->what, error));
+  }
+  on_every_rank(pending->what, [&] {
+    if (parallel::get_rank() != 0) return;
+    write_pickle(pending->directory / kCommon, common_state(*pending));
+    bridge::utils::write_file_durably(pending->root / kTracker, std::to_string(pending->iteration) + "\n");
+    delete_old_checkpoints(pending->root, pending->iteration, setup.config.checkpoint.most_recent_k);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - pending->started;
+    bridge::utils::logger().info("saved checkpoint iteration {} to {} ({:.2f} s)", pending->iteration,
+                                 pending->directory.string(), took.count());
   });
-  setup.last_saved_step = iteration;
   setup.fire(Event::kCheckpointSave, [&](CallbackContext& ctx) {
     ctx.optimizer = setup.optimizer.get();  // no scheduler here, as in Megatron-Bridge
-    ctx.checkpoint = CheckpointInfo{directory.string(), iteration};
+    ctx.checkpoint = CheckpointInfo{pending->directory.string(), pending->iteration};
   });
-  return directory.string();
 }
 
 namespace {
@@ -398,7 +462,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
 
   // Nothing was modified so far; every rank's check passed.
   load_parameters(setup, params, files, files_of, options);
-  LoadedCheckpoint loaded{directory.string(), source->iteration, false};
+  LoadedCheckpoint loaded{directory.string(), source->iteration};
   if (options.progress) {
     load_progress(setup, common);
     setup.last_saved_step = setup.state.train_state.step;

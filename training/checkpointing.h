@@ -3,9 +3,9 @@
 //   <save>/iter_0000007/common.pt                                  what every rank shares, and the tensor index
 //   <save>/latest_checkpointed_iteration.txt                       the newest complete iteration
 // Every file is PyTorch's pickle format (torch.load(path, weights_only=True) opens it; see checkpoint_state.h).
-// Data-parallel rank 0 of each model-parallel rank writes its file; rank 0 writes common.pt once every rank file is
-// on disk, then the tracker. Each file is fsynced and renamed into place, so a process killed at any moment leaves
-// the tracker on a complete checkpoint.
+// Data-parallel rank 0 of each model-parallel rank writes its file (from a snapshot on a background thread with
+// checkpoint.async_save); rank 0 writes common.pt once every rank file is on disk, then the tracker. Each file is
+// fsynced and renamed into place, so a process killed at any moment leaves the tracker on a complete checkpoint.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +23,20 @@ std::string checkpoint_directory_name(int64_t iteration);
 /// file exists but does not hold an iteration.
 std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& directory);
 
-/// Saves the current iteration under config.checkpoint.save, waits for every rank, then fires on_checkpoint_save.
-/// Returns the iteration's directory.
+/// Saves the current iteration under config.checkpoint.save. Without checkpoint.async_save it waits for every rank,
+/// then fires on_checkpoint_save; with it, it takes a snapshot, writes on a background thread and leaves the rest to
+/// finalize_checkpoint_save (a previous pending save is finalised first). Returns the iteration's directory.
 std::string save_checkpoint(PretrainSetup& setup);
+
+/// Completes a pending asynchronous save once every rank has written its file: rank 0 writes common.pt and the
+/// tracker, then on_checkpoint_save fires. Non-blocking (one small collective while a save is pending), it returns
+/// at once when some rank is still writing; blocking, it waits. Collective: every rank calls it at the same point.
+void finalize_checkpoint_save(PretrainSetup& setup, bool blocking);
 
 /// What load_checkpoint did.
 struct LoadedCheckpoint {
   std::string path;         ///< the iteration's directory
   int64_t iteration = 0;    ///< the iteration it holds
-  bool resumed = false;     ///< a full resume (optimizer, progress) rather than weights only
   bool rng_loaded = false;  ///< the RNG streams were restored (Megatron-Bridge then protects them around data init)
 };
 

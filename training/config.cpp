@@ -104,6 +104,11 @@ void ConfigContainer::validate(int world_size) const {
   const std::string& unit = logging.runtime_time_unit;
   require(unit == "seconds" || unit == "minutes" || unit == "hours" || unit == "days",
           "logging.runtime_time_unit must be seconds, minutes, hours or days, got '" + unit + "'");
+  require(!train.exit_interval || *train.exit_interval >= 1,
+          "train.exit_interval must be >= 1 when set (null = never), got " + str(train.exit_interval.value_or(0)));
+  require(!train.exit_duration_in_mins || *train.exit_duration_in_mins >= 0.0,
+          "train.exit_duration_in_mins must be >= 0 when set (null = no limit), got " +
+              std::to_string(train.exit_duration_in_mins.value_or(0.0)));
   require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
   require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
           "checkpoint.save_interval is set but checkpoint.save (the directory) is empty; set both or neither");

@@ -42,6 +42,13 @@ struct TrainingConfig {
   /// Intra-op threads per rank; 0 = the machine's cores divided among the ranks on this node. LibTorch otherwise
   /// defaults to one.
   int num_threads = 0;
+  /// On SIGTERM or SIGINT (any rank): every rank saves the same step and pretrain() returns without on_train_end,
+  /// as Megatron-Bridge exits on preemption. A second signal ends the process at once.
+  bool exit_signal_handler = false;
+  /// Save and exit after every step that is a multiple of this.
+  std::optional<int64_t> exit_interval;
+  /// Save and exit once the run has lasted this long (minutes since pretrain() began, on any rank).
+  std::optional<double> exit_duration_in_mins;
 };
 
 struct SchedulerConfig {
@@ -149,6 +156,10 @@ struct CheckpointConfig {
   /// Keep only the newest this many checkpoints in `save` (older ones are deleted once a new one is complete);
   /// -1 = keep all.
   int64_t most_recent_k = -1;
+  /// Write the checkpoint files on a background thread from a snapshot taken at the save step; the checkpoint is
+  /// finalised (common.pt, the tracker, then on_checkpoint_save) at a later step boundary, once every rank wrote.
+  /// The next save waits for the previous one.
+  bool async_save = false;
 };
 
 struct ConfigContainer {

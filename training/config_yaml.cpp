@@ -301,6 +301,12 @@ const std::vector<Field>& fields() {
             "Fail the run when the gradient norm is NaN or infinite."),
       field("train.num_threads", &C::train, &TrainingConfig::num_threads,
             "Intra-op threads per rank; 0 = the node's cores divided among its ranks."),
+      field("train.exit_signal_handler", &C::train, &TrainingConfig::exit_signal_handler,
+            "On SIGTERM or SIGINT on any rank, save the same step on every rank and exit (preemption)."),
+      field("train.exit_interval", &C::train, &TrainingConfig::exit_interval,
+            "Save and exit after a step that is a multiple of this; null = never."),
+      field("train.exit_duration_in_mins", &C::train, &TrainingConfig::exit_duration_in_mins,
+            "Save and exit once the run has lasted this many minutes (on any rank); null = no limit."),
 
       field("optimizer.optimizer", &C::optimizer, &OptimizerConfig::optimizer,
             "adam (decoupled weight decay, i.e. AdamW) or sgd."),
@@ -409,6 +415,9 @@ const std::vector<Field>& fields() {
             "error instead."),
       field("checkpoint.most_recent_k", &C::checkpoint, &CheckpointConfig::most_recent_k,
             "Keep only the newest this many checkpoints in checkpoint.save; -1 = keep all."),
+      field("checkpoint.async_save", &C::checkpoint, &CheckpointConfig::async_save,
+            "Write checkpoint files on a background thread while training goes on; on_checkpoint_save fires once "
+            "the checkpoint is complete."),
 
       field("mixed_precision.bf16", &C::mixed_precision, &MixedPrecisionConfig::bf16,
             "Parameters and compute in bfloat16, fp32 master weights in the optimizer. `mixed_precision: "

@@ -14,6 +14,8 @@ std::string_view to_string(ControlAction action) {
       return "save";
     case ControlAction::kAbort:
       return "abort";
+    case ControlAction::kExit:
+      return "exit";
   }
   return "unknown";
 }

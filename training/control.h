@@ -6,6 +6,7 @@
 // training starts is kept, not cleared.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -19,14 +20,20 @@ enum class ControlAction : std::uint8_t {
   kStop,   ///< Finish the current step, run on_train_end, return normally.
   kSave,   ///< Save a checkpoint at the end of the current step.
   kAbort,  ///< Stop now and make pretrain() fail with the reason.
+  /// Save and leave training without on_train_end or the evaluation after it, as Megatron-Bridge exits on
+  /// train.exit_signal_handler, exit_interval and exit_duration_in_mins (the loop asks for these itself).
+  kExit,
 };
+
+/// How many ControlAction values there are: the length of the per-action counts the ranks agree on.
+inline constexpr std::size_t kNumControlActions = 4;
 
 std::string_view to_string(ControlAction action);
 
 struct ControlRequest {
   ControlAction action;
   std::string reason;
-  std::string callback;  ///< Name of the callback that asked.
+  std::string callback;  ///< Name of the callback that asked (or the train.* setting, for kExit).
   Event event;           ///< Event during which it asked.
 };
 

@@ -239,14 +239,19 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
   setup->callbacks = std::move(callbacks);
   if (setup->callbacks) setup->callbacks->set_rank(parallel::get_rank(), parallel::get_world_size());
   setup->step_fn = std::move(step_fn);
+  setup->started = std::chrono::steady_clock::now();
+  if (config.train.exit_signal_handler) setup->exit_signals = std::make_unique<bridge::utils::ExitSignalHandler>();
   try {
     build(*setup);
-    if (setup->state.train_state.do_train) train(*setup);
-    if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false, /*after_training=*/true);
-    if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true, /*after_training=*/true);
-    // Requests made after the last step (on_train_end, the final save, evaluation) are acted on too, and none is
-    // left behind for the next run that reuses this manager.
-    act_on_control_requests(*setup, /*training=*/false);
+    const bool exited = setup->state.train_state.do_train && train(*setup) == ControlOutcome::kExit;
+    if (!exited) {
+      if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false, /*after_training=*/true);
+      if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true, /*after_training=*/true);
+      // Requests made after the last step (on_train_end, the final save, evaluation) are acted on too, and none is
+      // left behind for the next run that reuses this manager.
+      act_on_control_requests(*setup, /*training=*/false);
+      finalize_checkpoint_save(*setup, /*blocking=*/true);
+    }
   } catch (...) {
     report_exception(*setup, std::current_exception());
     throw;

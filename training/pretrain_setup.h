@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -19,8 +21,11 @@
 #include "training/optimizer_param_scheduler.h"
 #include "training/state.h"
 #include "training/training_logger.h"
+#include "utils/exit_signal.h"
 
 namespace bridge::training {
+
+struct PendingCheckpoint;  // training/checkpointing.cpp
 
 struct PretrainSetup {
   ConfigContainer config;
@@ -46,12 +51,23 @@ struct PretrainSetup {
   std::vector<int64_t> tensor_shape;  // activations between stages: [seq, micro_batch, hidden]
 
   int64_t last_saved_step = -1;  // the step of the newest checkpoint this run wrote
+  /// An asynchronous save not finalised yet (null: none). Destroying it waits for its file write, so an error in
+  /// training leaves no thread behind (and no common.pt: the tracker stays on the previous checkpoint).
+  std::shared_ptr<PendingCheckpoint> pending_checkpoint;
+  /// Requests when there are no callbacks: the loop's own (train.exit_*) still go through the agreement.
+  TrainingControl own_control;
+  /// train.exit_signal_handler: catches SIGTERM and SIGINT for the run (null when off).
+  std::unique_ptr<bridge::utils::ExitSignalHandler> exit_signals;
+  std::chrono::steady_clock::time_point started;  // pretrain()'s start, for train.exit_duration_in_mins
   std::unique_ptr<TrainingLogger> logger;
 
   GPTDatasets datasets;
   // One iterator per model chunk, as Megatron's interleaved schedule keeps: each chunk draws its micro-batches in
   // order, so the first and last chunk see the same micro-batch at the same position.
   std::vector<DataIterator> train_data, valid_data, test_data;
+
+  /// Where control requests collect: the callbacks' manager, or own_control without one.
+  TrainingControl& control() { return callbacks ? callbacks->control() : own_control; }
 
   /// Fires `event` on this rank's callbacks with a context over the state and model; `fill` sets the event's fields.
   template <class Fill>
@@ -92,15 +108,27 @@ LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::str
 /// returns the total loss dict (empty off the last stage). `after_training` only changes the log line.
 LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training);
 
-/// The training loop; returns normally at train_iters or on a requested stop, throws TrainingAborted on abort.
-void train(PretrainSetup& setup);
+/// What the loop does after the requests every rank agreed on.
+enum class ControlOutcome : std::uint8_t {
+  kContinue,
+  kStop,  ///< finish: on_train_end, then evaluation after training
+  kExit,  ///< train.exit_*: leave without on_train_end or evaluation, as Megatron-Bridge exits
+};
 
-/// Acts on requests every rank agreed on: throws TrainingAborted on an abort, saves on a save request (when
-/// checkpoint.save is set). Returns whether a stop was requested; outside training (`training` false) a stop has
-/// nothing left to stop and is only logged.
-bool act_on_control(PretrainSetup& setup, const AgreedControl& control, bool training);
+/// The training loop; returns kStop at train_iters or on a requested stop, kExit on an exit (train.exit_signal_handler,
+/// exit_interval, exit_duration_in_mins), and throws TrainingAborted on abort.
+ControlOutcome train(PretrainSetup& setup);
+
+/// Acts on requests every rank agreed on: throws TrainingAborted on an abort, saves on a save or exit request (when
+/// checkpoint.save is set). Outside training (`training` false) a stop or exit has nothing left to stop and is only
+/// logged.
+ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control, bool training);
 
 /// Agrees with every rank on the control requests made since the last agreement (one collective) and acts on them.
-bool act_on_control_requests(PretrainSetup& setup, bool training);
+ControlOutcome act_on_control_requests(PretrainSetup& setup, bool training);
+
+/// Queues this rank's train.exit_* requests after a step: a caught signal, the time limit (both seen per rank) and
+/// exit_interval (rank 0 asks for everyone). The next agreement makes every rank exit after the same step.
+void request_exits(PretrainSetup& setup);
 
 }  // namespace bridge::training

@@ -1,6 +1,7 @@
 // The training loop (Megatron-Bridge's train.py): steps through the pipeline schedule, data-parallel gradient
 // reduction, clipping and the optimizer; the log line; evaluation and checkpoints at their intervals; control
 // requests agreed at each step boundary. Events fire in the reference's order.
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -165,58 +166,88 @@ StepOutcome train_step(PretrainSetup& setup) {
 
 }  // namespace
 
-bool act_on_control(PretrainSetup& setup, const AgreedControl& control, bool training) {
-  if (!control.any()) return false;
+ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control, bool training) {
+  if (!control.any()) return ControlOutcome::kContinue;
   const int64_t step = setup.state.train_state.step;
   bridge::utils::logger().info("control requests after step {}:\n{}", step, control.summary);
   if (control.abort) {
     throw TrainingAborted("training aborted after step " + std::to_string(step) + " on a callback's request:\n" +
                           control.summary);
   }
-  if (control.save) {
+  if (control.save || control.exit) {
     if (setup.config.checkpoint.save.empty()) {
-      bridge::utils::logger().warn(
-          "a callback asked to save, but checkpoint.save (the directory) is not set: not saved");
+      bridge::utils::logger().warn("{}, but checkpoint.save (the directory) is not set: not saved",
+                                   control.exit ? "exiting" : "a callback asked to save");
     } else if (setup.last_saved_step != step) {
       save_checkpoint(setup);
     }
   }
-  if (control.stop && !training) bridge::utils::logger().info("a stop request after training has nothing left to stop");
-  return control.stop && training;
+  if (!training) {
+    if (control.stop || control.exit) bridge::utils::logger().info("training is over: nothing left to stop");
+    return ControlOutcome::kContinue;
+  }
+  if (control.exit) return ControlOutcome::kExit;
+  return control.stop ? ControlOutcome::kStop : ControlOutcome::kContinue;
 }
 
-bool act_on_control_requests(PretrainSetup& setup, bool training) {
-  return act_on_control(
-      setup, agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group()),
-      training);
+ControlOutcome act_on_control_requests(PretrainSetup& setup, bool training) {
+  return act_on_control(setup, agree_on_control(&setup.control(), parallel::get_world_group()), training);
 }
 
-void train(PretrainSetup& setup) {
+void request_exits(PretrainSetup& setup) {
+  const TrainingConfig& config = setup.config.train;
+  const int64_t step = setup.state.train_state.step;
+  TrainingControl& control = setup.control();
+  const int signal = setup.exit_signals ? setup.exit_signals->received() : 0;
+  if (signal != 0) {
+    control.request(ControlAction::kExit, bridge::utils::signal_name(signal) + " received", "train.exit_signal_handler",
+                    Event::kTrainStepEnd);
+  }
+  if (config.exit_duration_in_mins) {
+    const std::chrono::duration<double, std::ratio<60>> elapsed = std::chrono::steady_clock::now() - setup.started;
+    if (elapsed.count() > *config.exit_duration_in_mins) {
+      control.request(
+          ControlAction::kExit,
+          fmt::format("ran {:.2f} minutes, over {} minutes", elapsed.count(), *config.exit_duration_in_mins),
+          "train.exit_duration_in_mins", Event::kTrainStepEnd);
+    }
+  }
+  if (config.exit_interval && step % *config.exit_interval == 0 && parallel::get_rank() == 0) {
+    control.request(ControlAction::kExit,
+                    "step " + std::to_string(step) + " is a multiple of " + std::to_string(*config.exit_interval),
+                    "train.exit_interval", Event::kTrainStepEnd);
+  }
+}
+
+ControlOutcome train(PretrainSetup& setup) {
   const ConfigContainer& config = setup.config;
   TrainState& train_state = setup.state.train_state;
   for (models::GPTModel& chunk : setup.model) chunk->train();
   setup.fire_training(Event::kTrainStart);
   // A pre-flight check in on_data_init_start or on_train_start may already have asked to stop or abort.
-  if (act_on_control_requests(setup, /*training=*/true)) {
+  if (act_on_control_requests(setup, /*training=*/true) != ControlOutcome::kContinue) {
     bridge::utils::logger().info("stopping before the first step as requested");
     setup.fire_training(Event::kTrainEnd);
-    return;
+    return ControlOutcome::kStop;
   }
 
   setup.logger->start();
+  ControlOutcome outcome = ControlOutcome::kStop;
   while (train_state.step < config.train.train_iters) {
+    finalize_checkpoint_save(setup, /*blocking=*/false);  // an asynchronous save all ranks have written
     setup.fire_training(Event::kTrainStepStart);
-    const StepOutcome outcome = train_step(setup);
+    const StepOutcome step = train_step(setup);
     setup.fire_training(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
-      ctx.loss_dict = outcome.loss_dict;
-      ctx.grad_norm = outcome.grad_norm;
-      ctx.skipped_iter = outcome.skipped_iter;
+      ctx.loss_dict = step.loss_dict;
+      ctx.grad_norm = step.grad_norm;
+      ctx.skipped_iter = step.skipped_iter;
     });
     train_state.step += 1;
     train_state.consumed_train_samples += config.train.global_batch_size;
+    request_exits(setup);
     // A log step shares the statistics and the control requests made so far in one collective.
     const std::optional<LoggedStep> logged =
-        setup.logger->after_step(outcome.loss_dict, outcome.grad_norm, outcome.skipped_iter);
+        setup.logger->after_step(step.loss_dict, step.grad_norm, step.skipped_iter);
 
     const bool evaluate_now =
         train_state.do_valid && config.train.eval_interval > 0 && train_state.step % config.train.eval_interval == 0;
@@ -230,19 +261,25 @@ void train(PretrainSetup& setup) {
     AgreedControl control;
     if (logged) control = logged->control;
     if (!logged || logged->on_log_fired || evaluate_now || save_now) {
-      control.merge(
-          agree_on_control(setup.callbacks ? &setup.callbacks->control() : nullptr, parallel::get_world_group()));
+      control.merge(agree_on_control(&setup.control(), parallel::get_world_group()));
     }
-    if (act_on_control(setup, control, /*training=*/true)) {
-      bridge::utils::logger().info("stopping after step {} as requested", train_state.step);
+    const ControlOutcome acted = act_on_control(setup, control, /*training=*/true);
+    if (acted != ControlOutcome::kContinue) {
+      bridge::utils::logger().info("{} after step {} as requested",
+                                   acted == ControlOutcome::kExit ? "exiting" : "stopping", train_state.step);
+      outcome = acted;
       break;
     }
   }
-  if (!config.checkpoint.save.empty() && train_state.step > 0 && setup.last_saved_step != train_state.step) {
+  if (outcome != ControlOutcome::kExit && !config.checkpoint.save.empty() && train_state.step > 0 &&
+      setup.last_saved_step != train_state.step) {
     save_checkpoint(setup);
   }
+  finalize_checkpoint_save(setup, /*blocking=*/true);
   setup.logger->flush();
-  setup.fire_training(Event::kTrainEnd);
+  // Megatron-Bridge leaves on an exit without on_train_end.
+  if (outcome != ControlOutcome::kExit) setup.fire_training(Event::kTrainEnd);
+  return outcome;
 }
 
 }  // namespace bridge::training

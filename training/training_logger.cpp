@@ -107,12 +107,10 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   parallel::ProcessGroup& world = parallel::get_world_group();
   parallel::ProcessGroup& model_parallel = parallel::get_model_parallel_group();
   utils::PackedStatistics stats;
-  const std::vector<ControlRequest> requests =
-      setup_.callbacks ? setup_.callbacks->control().take() : std::vector<ControlRequest>{};
-  const std::array<int64_t, 3> counts = count_requests(requests);
+  const std::vector<ControlRequest> requests = setup_.control().take();
+  const ControlCounts counts = count_requests(requests);
   const Entry control_entry =
-      stats.add("control requests", ReduceOp::kSum, world,
-                {static_cast<double>(counts[0]), static_cast<double>(counts[1]), static_cast<double>(counts[2])});
+      stats.add("control requests", ReduceOp::kSum, world, std::vector<double>(counts.begin(), counts.end()));
   // A writer that failed at the last log step fails the run on every rank together.
   const Entry writer_failed_entry =
       stats.add("writer failed", ReduceOp::kMax, world, {writer_error_.empty() ? 0.0 : 1.0});
@@ -150,10 +148,10 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   }
 
   LoggedStep logged;
-  const std::vector<double>& agreed_counts = stats.values(control_entry);
-  logged.control = agree_on_control(
-      requests, {std::llround(agreed_counts[0]), std::llround(agreed_counts[1]), std::llround(agreed_counts[2])},
-      world);
+  ControlCounts agreed_counts{};
+  const std::vector<double>& summed = stats.values(control_entry);
+  for (std::size_t i = 0; i < agreed_counts.size(); ++i) agreed_counts[i] = std::llround(summed[i]);
+  logged.control = agree_on_control(requests, agreed_counts, world);
   logged.on_log_fired = stats.scalar(on_log_entry) > 0.0;
   const double learning_rate = stats.scalar(lr_entry);
   const double reduced_grad_norm = stats.scalar(grad_norm_entry);

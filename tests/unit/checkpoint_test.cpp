@@ -1,14 +1,17 @@
 // Checkpoints in one process: N steps straight equal N/2, save, resume, N/2 bit for bit (dropout on, an RNG-drawing
 // on_data_init_start, stateful callbacks and user_state), the files opened by Python's torch.load(weights_only=True),
 // the guard against overwriting newer checkpoints, checkpoints of another model refused before anything changes,
-// weights-only loads and most_recent_k.
+// weights-only loads and most_recent_k; asynchronous saves, and the exits of train.exit_interval,
+// exit_signal_handler and exit_duration_in_mins.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -72,6 +75,8 @@ struct Recorded {
   std::vector<double> losses, grad_norms;
   std::map<std::string, torch::Tensor> final_params;
   std::vector<CheckpointInfo> loads;
+  std::vector<int64_t> saves;  // on_checkpoint_save's iterations
+  bool saves_complete = true;  // every save was complete (common.pt, tracker) when on_checkpoint_save fired
   std::shared_ptr<StepCounter> counter = std::make_shared<StepCounter>();
   std::shared_ptr<CallbackManager> manager = std::make_shared<CallbackManager>();
   TrainState state;
@@ -89,9 +94,11 @@ std::map<std::string, torch::Tensor> parameters_of(CallbackContext& ctx) {
 }
 
 // Trains `config`, recording every step's loss and grad norm and the final parameters. on_data_init_start draws
-// from the default generator, as a warm-up on mock data would: a resumed run must not feel it.
-Recorded train(const ConfigContainer& config) {
+// from the default generator, as a warm-up on mock data would: a resumed run must not feel it. `more` registers
+// further callbacks.
+Recorded train(const ConfigContainer& config, const std::function<void(CallbackManager&)>& more = {}) {
   Recorded run;
+  if (more) more(*run.manager);
   run.manager->add(run.counter);
   run.manager->register_callback(Event::kDataInitStart, [](CallbackContext&) { (void)torch::rand({64}); });
   run.manager->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
@@ -108,6 +115,12 @@ Recorded train(const ConfigContainer& config) {
                                  [&](CallbackContext& ctx) { run.final_params = parameters_of(ctx); });
   run.manager->register_callback(Event::kCheckpointLoad,
                                  [&](CallbackContext& ctx) { run.loads.push_back(*ctx.checkpoint); });
+  run.manager->register_callback(Event::kCheckpointSave, [&](CallbackContext& ctx) {
+    run.saves.push_back(ctx.checkpoint->iteration);
+    const fs::path root = fs::path(ctx.checkpoint->path).parent_path();
+    run.saves_complete = run.saves_complete && fs::exists(fs::path(ctx.checkpoint->path) / "common.pt") &&
+                         read_latest_checkpointed_iteration(root.string()) == ctx.checkpoint->iteration;
+  });
   run.state = pretrain(config, gpt_forward_step, run.manager);
   return run;
 }
@@ -321,6 +334,78 @@ TEST(Checkpoint, TwoStatefulCallbacksWithOneKeyAreAnError) {
   manager.add(shared);
   EXPECT_NO_THROW(manager.add(shared));  // the same object twice is one state
   EXPECT_EQ(manager.stateful_callbacks().size(), 2U);
+}
+
+// checkpoint.async_save: the files are written on a thread while training goes on, each save is finalised in order
+// (common.pt, the tracker, then on_checkpoint_save), and resuming from them is bit-exact too.
+TEST(Checkpoint, AsyncSaveResumesBitExact) {
+  const Recorded straight = train(tiny_config(6));
+  const fs::path dir = fresh_directory("async");
+  ConfigContainer config = tiny_config(3);
+  config.checkpoint.save = dir.string();
+  config.checkpoint.save_interval = 1;
+  config.checkpoint.async_save = true;
+  const Recorded first = train(config);
+  EXPECT_EQ(first.saves, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(first.saves_complete);
+  EXPECT_EQ(read_latest_checkpointed_iteration(dir.string()), 3);
+
+  config.train.train_iters = 6;
+  const Recorded second = train(config);
+  ASSERT_EQ(second.losses.size(), 3U);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first.losses[i], straight.losses[i]) << "step " << i;
+    EXPECT_EQ(second.losses[i], straight.losses[i + 3]) << "step " << i + 3;
+  }
+  expect_same_parameters(second.final_params, straight.final_params);
+  EXPECT_EQ(second.saves, (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_TRUE(second.saves_complete);
+}
+
+// train.exit_interval: each run saves and leaves after a multiple of 2 without on_train_end (Megatron-Bridge's exit);
+// three runs into one directory make the five steps of a straight run bit for bit.
+TEST(Checkpoint, ExitIntervalSavesLeavesAndResumes) {
+  const Recorded straight = train(tiny_config(5));
+  ConfigContainer config = tiny_config(5);
+  config.checkpoint.save = fresh_directory("exit_interval").string();
+  config.train.exit_interval = 2;
+  std::vector<double> losses;
+  for (const int64_t exit_step : {2, 4}) {
+    const Recorded run = train(config);
+    EXPECT_EQ(run.state.step, exit_step);
+    EXPECT_EQ(run.saves, std::vector<int64_t>{exit_step});
+    EXPECT_TRUE(run.final_params.empty()) << "on_train_end fired on an exit";
+    losses.insert(losses.end(), run.losses.begin(), run.losses.end());
+  }
+  const Recorded last = train(config);
+  EXPECT_EQ(last.state.step, 5);
+  losses.insert(losses.end(), last.losses.begin(), last.losses.end());
+  EXPECT_EQ(losses, straight.losses);
+  expect_same_parameters(last.final_params, straight.final_params);
+}
+
+// train.exit_signal_handler: a SIGTERM during step 2 (here raised by a callback) saves step 2 and leaves; without a
+// checkpoint directory, train.exit_duration_in_mins = 0 leaves after the first step.
+TEST(Checkpoint, SignalAndTimeLimitExitAfterTheStep) {
+  ConfigContainer config = tiny_config(6);
+  config.checkpoint.save = fresh_directory("signal").string();
+  config.train.exit_signal_handler = true;
+  const Recorded signalled = train(config, [](CallbackManager& manager) {
+    manager.register_callback(Event::kTrainStepStart, [](CallbackContext& ctx) {
+      if (ctx.state.train_state.step == 1) std::raise(SIGTERM);
+    });
+  });
+  EXPECT_EQ(signalled.state.step, 2);
+  EXPECT_EQ(signalled.saves, std::vector<int64_t>{2});
+  EXPECT_TRUE(signalled.final_params.empty());
+  EXPECT_EQ(read_latest_checkpointed_iteration(config.checkpoint.save), 2);
+
+  ConfigContainer limited = tiny_config(6);
+  limited.train.exit_duration_in_mins = 0.0;
+  const Recorded timed_out = train(limited);
+  EXPECT_EQ(timed_out.state.step, 1);
+  EXPECT_TRUE(timed_out.saves.empty());
+  EXPECT_TRUE(timed_out.final_params.empty());
 }
 
 }  // namespace
