@@ -1,17 +1,23 @@
 // Checkpoints over real ranks: N steps straight equal N/2, save, resume, N/2 bit for bit at tp2 x pp2 x dp2 (8 ranks)
 // and with an interleaved pipeline (pp2 x 2 chunks); a checkpoint saved at tp2 x pp2 x dp2 resumes at tp1 x pp1, at
-// pp2 with 2 chunks and at tp4, optimizer state included, with the original layout's losses to fp32 round-off.
+// pp2 with 2 chunks and at tp4, optimizer state included, with the original layout's losses to fp32 round-off;
+// under mpirun, a SIGTERM to one rank of four saves the same step on every rank, and the resume is bit-exact.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/dist/spawn.h"
 
@@ -30,22 +36,31 @@ fs::path fresh_directory(const std::string& name) {
   return path;
 }
 
-// What the ranks of one run wrote: "loss <step> <hex>", "gradnorm <step> <hex>", "param <name> <tp rank> <crc>".
+// What the ranks of one run wrote: "loss <step> <hex>", "gradnorm <step> <hex>", "param <name> <tp rank> <crc>",
+// "end <step> <on_train_end fired>".
 struct Record {
   std::map<int64_t, double> loss, grad_norm;
   std::set<std::string> params;  // "<name> <tp rank> <crc>"
+  std::set<int64_t> end_steps;   // where each rank's pretrain() returned
+  bool train_end = false;        // on_train_end fired on some rank
 };
 
-Record run(const std::string& name, int world, int tp, int pp, int vpp, int64_t steps, const std::string& save,
-           const std::string& load) {
-  const fs::path out = fresh_directory(name);
-  const auto results = run_ranks(kWorker,
-                                 {"resume", out.string(), std::to_string(tp), std::to_string(pp), std::to_string(vpp),
-                                  std::to_string(steps), save.empty() ? "-" : save, load.empty() ? "-" : load},
-                                 world, std::chrono::seconds(240));
-  expect_all_ok(results, "resume: ok");
+std::vector<std::string> worker_args(const fs::path& out, int tp, int pp, int vpp, int64_t steps,
+                                     const std::string& save, const std::string& load) {
+  return {"resume",
+          out.string(),
+          std::to_string(tp),
+          std::to_string(pp),
+          std::to_string(vpp),
+          std::to_string(steps),
+          save.empty() ? "-" : save,
+          load.empty() ? "-" : load};
+}
+
+Record read_record(const fs::path& out) {
   Record record;
   for (const auto& entry : fs::directory_iterator(out)) {
+    if (entry.path().filename().string().rfind("rank", 0) != 0) continue;
     std::ifstream in(entry.path());
     std::string kind;
     while (in >> kind) {
@@ -55,12 +70,30 @@ Record run(const std::string& name, int world, int tp, int pp, int vpp, int64_t 
         record.params.insert(param + " " + rank + " " + crc);
         continue;
       }
+      if (kind == "end") {
+        int64_t step = 0;
+        int fired = 0;
+        in >> step >> fired;
+        record.end_steps.insert(step);
+        record.train_end = record.train_end || fired != 0;
+        continue;
+      }
       int64_t step = 0;
       std::string hex;
       in >> step >> hex;
       (kind == "loss" ? record.loss : record.grad_norm)[step] = std::strtod(hex.c_str(), nullptr);
     }
   }
+  return record;
+}
+
+Record run(const std::string& name, int world, int tp, int pp, int vpp, int64_t steps, const std::string& save,
+           const std::string& load) {
+  const fs::path out = fresh_directory(name);
+  const auto results =
+      run_ranks(kWorker, worker_args(out, tp, pp, vpp, steps, save, load), world, std::chrono::seconds(240));
+  expect_all_ok(results, "resume: ok");
+  Record record = read_record(out);
   fs::remove_all(out);
   return record;
 }
@@ -106,6 +139,54 @@ TEST(CheckpointResume, Tp2Pp2Dp2CheckpointResumesInOtherLayouts) {
       EXPECT_LE(std::abs(resumed.grad_norm.at(step) - norm) / norm, 2e-5) << layout.name << " grad norm " << step;
     }
   }
+  fs::remove_all(saved);
+}
+
+// train.exit_signal_handler under mpirun: a SIGTERM to one rank of four (tp2 x pp2), at a random moment of training,
+// makes every rank save the same step, return without on_train_end and exit 0; resuming from that checkpoint then
+// continues the straight run bit for bit.
+TEST(CheckpointResume, SigtermToOneRankUnderMpirunSavesAndResumes) {
+  const fs::path out = fresh_directory("sigterm");
+  const fs::path saved = fresh_directory("sigterm_save");
+  std::vector<std::string> command = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", kWorker};
+  for (const std::string& arg : worker_args(out, 2, 2, 0, 100000, saved.string(), "")) command.push_back(arg);
+  auto job = std::async(std::launch::async, [&] { return run_command(command, std::chrono::seconds(240)); });
+
+  constexpr int kSignalled = 2;
+  const fs::path pid_file = out / ("pid" + std::to_string(kSignalled));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(pid_file) && std::chrono::steady_clock::now() < give_up &&
+         job.wait_for(std::chrono::milliseconds(20)) == std::future_status::timeout) {
+  }
+  ASSERT_TRUE(fs::exists(pid_file)) << "rank " << kSignalled << " never started training:\n" << job.get().output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200 + std::random_device{}() % 800));
+  pid_t pid = 0;
+  std::ifstream(pid_file) >> pid;
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const RankResult result = job.get();
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, ::testing::HasSubstr("rank " + std::to_string(kSignalled) +
+                                                  ": train.exit_signal_handler: SIGTERM received"));
+
+  const Record signalled = read_record(out);
+  ASSERT_EQ(signalled.end_steps.size(), 1U) << "the ranks left training at different steps";
+  const int64_t step = *signalled.end_steps.begin();
+  EXPECT_FALSE(signalled.train_end) << "on_train_end fired on an exit";
+  std::ifstream tracker(saved / "latest_checkpointed_iteration.txt");
+  int64_t latest = -1;
+  tracker >> latest;
+  EXPECT_EQ(latest, step);
+
+  const Record resumed = run("sigterm_resumed", 4, 2, 2, 0, step + 2, saved.string(), "");
+  const Record straight = run("sigterm_straight", 4, 2, 2, 0, step + 2, "", "");
+  ASSERT_EQ(resumed.loss.size(), 2U);
+  for (const auto& [at, loss] : resumed.loss) EXPECT_EQ(loss, straight.loss.at(at)) << "loss at step " << at;
+  for (const auto& [at, loss] : signalled.loss) EXPECT_EQ(loss, straight.loss.at(at)) << "loss at step " << at;
+  EXPECT_EQ(resumed.params, straight.params);
+  std::printf("SIGTERM to rank %d: every rank saved and left after step %lld; the resume matched bit for bit\n",
+              kSignalled, static_cast<long long>(step));
+  fs::remove_all(out);
   fs::remove_all(saved);
 }
 

@@ -15,11 +15,15 @@
 //   gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save_dir|-> <load_dir|->
 //       pretrain() the tiny GPT (vocabulary padded alike at tp 1, 2 and 4) for <steps> steps, saving to / loading
 //       from the directories, and write <out_dir>/rank<r>.txt: the losses (last stage) and grad norms (rank 0) of
-//       every step as exact hex floats, and a CRC of every parameter slice this rank holds after the last step.
+//       every step as exact hex floats, a CRC of every parameter slice this rank holds after on_train_end, and
+//       "end <step> <1 if on_train_end fired>". train.exit_signal_handler is on: once training has started, each rank
+//       writes its process id to <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
 //
 // Exit 0 on success; a failed check prints "FAILED ..." and exits 1; an abort exits 3 after printing the error.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -173,7 +177,12 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
       add("loss", step, ctx.loss_dict->at("lm loss").item<double>());
     }
   });
+  manager->register_callback(Event::kTrainStart, [&](CallbackContext&) {
+    std::ofstream(out_dir + "/pid" + std::to_string(parallel::get_rank())) << ::getpid() << "\n";
+  });
+  bool train_end = false;
   manager->register_callback(Event::kTrainEnd, [&](CallbackContext& ctx) {
+    train_end = true;
     for (const auto& chunk : ctx.model) {
       for (const auto& [name, param] :
            models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
@@ -189,7 +198,9 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   config.scheduler.lr_decay_iters = 8;             // the same schedule in a run stopped early and in the whole run
   if (save != "-") config.checkpoint.save = save;
   if (load != "-") config.checkpoint.load = load;
-  pretrain(config, gpt_forward_step, manager);
+  config.train.exit_signal_handler = true;
+  const TrainState state = pretrain(config, gpt_forward_step, manager);
+  lines += "end " + std::to_string(state.step) + " " + (train_end ? "1" : "0") + "\n";
   std::ofstream(out_dir + "/rank" + std::to_string(parallel::get_rank()) + ".txt") << lines;
   return 0;
 }
