@@ -114,11 +114,12 @@ int64_t num_parameters(const models::GPTConfig& m, int tensor_parallel_size) {
 
 // What the last rank (which holds the losses) reports at the end.
 struct RunSummary {
+  // Training of this run: from on_train_start to the end of its last step (a resumed run starts part-way), which
+  // also holds for an exit (train.exit_*), where on_train_end does not fire.
   std::chrono::steady_clock::time_point train_start, train_end;
+  int64_t samples_at_start = 0;
   std::optional<std::pair<int64_t, double>> first_loss, last_loss;  // (step, lm loss)
   std::optional<double> valid_loss, test_loss;
-  int64_t steps = 0;
-  int64_t consumed_samples = 0;
 };
 
 std::optional<double> lm_loss(const LossDict& losses) {
@@ -146,11 +147,16 @@ std::shared_ptr<CallbackManager> make_callbacks(const ConfigContainer& config, R
       },
       "announce", RankFilter::kFirst);
   callbacks->register_callback(
-      Event::kTrainStart, [&summary](CallbackContext&) { summary.train_start = std::chrono::steady_clock::now(); },
+      Event::kTrainStart,
+      [&summary](CallbackContext& ctx) {
+        summary.train_start = summary.train_end = std::chrono::steady_clock::now();
+        summary.samples_at_start = ctx.state.train_state.consumed_train_samples;
+      },
       "summary_start", RankFilter::kLast);
   callbacks->register_callback(
       Event::kTrainStepEnd,
       [&summary](CallbackContext& ctx) {
+        summary.train_end = std::chrono::steady_clock::now();
         const std::optional<double> loss = lm_loss(*ctx.loss_dict);
         if (!loss) return;
         const std::pair<int64_t, double> record{ctx.state.train_state.step + 1, *loss};
@@ -164,23 +170,16 @@ std::shared_ptr<CallbackManager> make_callbacks(const ConfigContainer& config, R
   callbacks->register_callback(
       Event::kTestEnd, [&summary](CallbackContext& ctx) { summary.test_loss = lm_loss(*ctx.total_loss_dict); },
       "summary_test", RankFilter::kLast);
-  callbacks->register_callback(
-      Event::kTrainEnd,
-      [&summary](CallbackContext& ctx) {
-        summary.train_end = std::chrono::steady_clock::now();
-        summary.steps = ctx.state.train_state.step;
-        summary.consumed_samples = ctx.state.train_state.consumed_train_samples;
-      },
-      "summary_end", RankFilter::kLast);
   return callbacks;
 }
 
-void print_summary(const ConfigContainer& config, const RunSummary& summary, double wall_seconds) {
+void print_summary(const ConfigContainer& config, const RunSummary& summary, const TrainState& state,
+                   double wall_seconds) {
   const double train_seconds = std::chrono::duration<double>(summary.train_end - summary.train_start).count();
-  const double tokens = static_cast<double>(summary.consumed_samples) * static_cast<double>(config.model.seq_length);
+  const double tokens = static_cast<double>(state.consumed_train_samples - summary.samples_at_start) *
+                        static_cast<double>(config.model.seq_length);
   std::string text = "bridge-pretrain: done\n";
-  text +=
-      "  steps:           " + std::to_string(summary.steps) + " of " + std::to_string(config.train.train_iters) + "\n";
+  text += "  steps:           " + std::to_string(state.step) + " of " + std::to_string(config.train.train_iters) + "\n";
   char line[256];
   if (summary.last_loss) {
     std::snprintf(line, sizeof(line), "  train lm loss:   %.4f (step %lld; %.4f at step %lld)\n",
@@ -233,9 +232,10 @@ int main(int argc, char** argv) {
   try {
     prepare_builtin_data(config);
     RunSummary summary;
-    pretrain(config, gpt_forward_step, make_callbacks(config, summary));
+    const TrainState state = pretrain(config, gpt_forward_step, make_callbacks(config, summary));
     if (env.rank == env.world_size - 1) {
-      print_summary(config, summary, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      print_summary(config, summary, state,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return 0;
   } catch (const std::exception& error) {
