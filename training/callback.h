@@ -44,7 +44,8 @@ class Callback {
   virtual std::string state_key() const;
   /// The state to save; empty by default.
   virtual StateDict state_dict() const;
-  /// Restores what state_dict() returned in the run that saved the checkpoint.
+  /// Restores what state_dict() returned in the run that saved the checkpoint. Values come back as saved, except that
+  /// a 0-dim float64 tensor comes back as a float (the files store floats that way; see utils/torch_pickle.h).
   virtual void load_state_dict(const StateDict& state);
   /// Whether this object's class overrides state_dict or load_state_dict.
   bool stateful() const;

@@ -72,7 +72,10 @@ template <>
 struct Scalar<torch::Tensor> {
   static constexpr const char* kTag = "tensor";
   static c10::IValue save(const torch::Tensor& v) { return v.detach().cpu().clone(); }
-  static torch::Tensor load(const c10::IValue& v) { return v.toTensor(); }
+  // A 0-dim float64 tensor was stored as a float (see utils/torch_pickle.h): make it a tensor again.
+  static torch::Tensor load(const c10::IValue& v) {
+    return v.isDouble() ? torch::scalar_tensor(v.toDouble(), torch::kDouble) : v.toTensor();
+  }
 };
 
 struct Codec {
@@ -159,6 +162,11 @@ c10::IValue to_plain_ivalue(const c10::IValue& value) {
     GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
     for (const auto& item : value.toGenericDict()) dict.insert(item.key(), to_plain_ivalue(item.value()));
     return dict;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> items;
+    for (const c10::IValue& item : value.toTupleRef().elements()) items.push_back(to_plain_ivalue(item));
+    return c10::ivalue::Tuple::create(std::move(items));
   }
   if (value.isTensor()) return value.toTensor().detach().cpu().clone();
   return value;

@@ -215,15 +215,25 @@ std::string save_checkpoint(PretrainSetup& setup) {
   std::vector<std::string> skipped_user_state;
 
   // The snapshot: CPU copies of this rank's state as of this step, so the write may happen while training goes on.
-  GenericDict own = new_checkpoint_dict();
+  // Starting the write (a thread, with async_save) is inside the shared failure check too: it can fail on one rank.
+  const bool async = setup.config.checkpoint.async_save;
   try {
     on_every_rank(pending->what, [&] {
       if (!writer) return;
-      own = rank_state_dict(setup, params, pending->iteration);
+      GenericDict own = rank_state_dict(setup, params, pending->iteration);
       if (setup.callbacks) {
         own.insert("callbacks", save_callback_states(*setup.callbacks));
         own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));
       }
+      if (parallel::get_rank() == 0) {
+        for (const char* key : {"checkpoint_version", "iteration", "config", "parallel_layout", "train_state",
+                                "opt_param_scheduler", "callbacks", "user_state"}) {
+          auto it = own.find(c10::IValue(std::string(key)));
+          if (it != own.end()) pending->shared.insert(key, it->value());
+        }
+      }
+      pending->written = std::async(async ? std::launch::async : std::launch::deferred,
+                                    [own, path = pending->directory / rank_file] { write_pickle(path, own); });
     });
   } catch (const std::exception& error) {
     throw std::runtime_error(failed_save(pending->what, error));
@@ -245,19 +255,7 @@ std::string save_checkpoint(PretrainSetup& setup) {
     }
   }
   pending->index = parallel::all_gather_strings(parallel::get_world_group(), lines.str());
-  if (parallel::get_rank() == 0) {
-    for (const char* key : {"checkpoint_version", "iteration", "config", "parallel_layout", "train_state",
-                            "opt_param_scheduler", "callbacks", "user_state"}) {
-      auto it = own.find(c10::IValue(std::string(key)));
-      if (it != own.end()) pending->shared.insert(key, it->value());
-    }
-  }
-
-  const bool async = setup.config.checkpoint.async_save;
-  auto write = [own, path = pending->directory / rank_file, writer] {
-    if (writer) write_pickle(path, own);
-  };
-  pending->written = std::async(async ? std::launch::async : std::launch::deferred, std::move(write));
+  if (!pending->written.valid()) pending->written = std::async(std::launch::deferred, [] {});  // not a writer
   const std::string directory = pending->directory.string();
   setup.last_saved_step = pending->iteration;
   setup.pending_checkpoint = std::move(pending);

@@ -43,7 +43,7 @@ struct TrainingConfig {
   /// defaults to one.
   int num_threads = 0;
   /// On SIGTERM or SIGINT (any rank): every rank saves the same step and pretrain() returns without on_train_end,
-  /// as Megatron-Bridge exits on preemption. A second signal ends the process at once.
+  /// as Megatron-Bridge exits on preemption. Caught from setup to the last step; SIGKILL still ends a stuck run.
   bool exit_signal_handler = false;
   /// Save and exit after every step that is a multiple of this.
   std::optional<int64_t> exit_interval;

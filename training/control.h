@@ -27,6 +27,8 @@ enum class ControlAction : std::uint8_t {
 
 /// How many ControlAction values there are: the length of the per-action counts the ranks agree on.
 inline constexpr std::size_t kNumControlActions = 4;
+static_assert(kNumControlActions == static_cast<std::size_t>(ControlAction::kExit) + 1,
+              "kNumControlActions must count every ControlAction");
 
 std::string_view to_string(ControlAction action);
 

@@ -244,7 +244,17 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
   try {
     build(*setup);
     const bool exited = setup->state.train_state.do_train && train(*setup) == ControlOutcome::kExit;
-    if (!exited) {
+    // Signals are acted on at step boundaries only: after the last one, SIGTERM and SIGINT end the process again
+    // (the final checkpoint is on disk), rather than being recorded with nobody to look.
+    setup->exit_signals.reset();
+    if (exited) {
+      // Requests made since the exit's agreement (say, in on_checkpoint_save) are dropped, not left in the manager
+      // for the next run that reuses it.
+      for (const ControlRequest& request : setup->control().take()) {
+        bridge::utils::logger().warn("exiting: dropped the request of '{}' to {}: {}", request.callback,
+                                     to_string(request.action), request.reason);
+      }
+    } else {
       if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false, /*after_training=*/true);
       if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true, /*after_training=*/true);
       // Requests made after the last step (on_train_end, the final save, evaluation) are acted on too, and none is

@@ -171,6 +171,13 @@ ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control
   const int64_t step = setup.state.train_state.step;
   bridge::utils::logger().info("control requests after step {}:\n{}", step, control.summary);
   if (control.abort) {
+    // Every rank agreed, so the collectives of a pending asynchronous save are safe: keep that checkpoint. Its
+    // failure (the same on every rank) is logged; the abort's reason is what pretrain() reports.
+    try {
+      finalize_checkpoint_save(setup, /*blocking=*/true);
+    } catch (const std::exception& error) {
+      bridge::utils::logger().error("{}", error.what());
+    }
     throw TrainingAborted("training aborted after step " + std::to_string(step) + " on a callback's request:\n" +
                           control.summary);
   }
@@ -224,11 +231,14 @@ ControlOutcome train(PretrainSetup& setup) {
   TrainState& train_state = setup.state.train_state;
   for (models::GPTModel& chunk : setup.model) chunk->train();
   setup.fire_training(Event::kTrainStart);
-  // A pre-flight check in on_data_init_start or on_train_start may already have asked to stop or abort.
-  if (act_on_control_requests(setup, /*training=*/true) != ControlOutcome::kContinue) {
-    bridge::utils::logger().info("stopping before the first step as requested");
-    setup.fire_training(Event::kTrainEnd);
-    return ControlOutcome::kStop;
+  // A pre-flight check in on_data_init_start or on_train_start may already have asked to stop, exit or abort.
+  if (const ControlOutcome early = act_on_control_requests(setup, /*training=*/true);
+      early != ControlOutcome::kContinue) {
+    bridge::utils::logger().info("{} before the first step as requested",
+                                 early == ControlOutcome::kExit ? "exiting" : "stopping");
+    finalize_checkpoint_save(setup, /*blocking=*/true);
+    if (early == ControlOutcome::kStop) setup.fire_training(Event::kTrainEnd);
+    return early;
   }
 
   setup.logger->start();

@@ -14,12 +14,11 @@ std::atomic<int> received_signal{0};
 std::atomic<bool> installed{false};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal flag must be lock-free to be set from a handler");
 
+// Repeats only keep the first signal: launchers and schedulers often deliver a preemption notice twice (srun or
+// mpirun forwarding it beside the node's own), and a second one must not undo the save the first asked for.
 extern "C" void on_exit_signal(int signal) {
   int expected = 0;
-  if (received_signal.compare_exchange_strong(expected, signal)) return;
-  // A second signal: the default action (terminate) now, as if nothing had been installed.
-  std::signal(signal, SIG_DFL);
-  std::raise(signal);
+  received_signal.compare_exchange_strong(expected, signal);
 }
 
 }  // namespace

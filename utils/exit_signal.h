@@ -1,7 +1,7 @@
 // Catching SIGTERM and SIGINT for a clean exit, as Megatron's DistributedSignalHandler does for preemption. While an
-// ExitSignalHandler lives, the first SIGTERM or SIGINT only records the signal; the training loop polls it at a step
-// boundary and agrees with the other ranks to save and exit. A second signal ends the process at once with the
-// signal's default action, so a job stuck before the next step can still be stopped.
+// ExitSignalHandler lives, a SIGTERM or SIGINT only records the signal (repeats too: launchers often deliver a
+// preemption notice twice); the training loop polls it at a step boundary and agrees with the other ranks to save and
+// exit. SIGKILL (or SIGQUIT) still ends a stuck process.
 #pragma once
 
 #include <csignal>

@@ -1,7 +1,9 @@
 // PyTorch's own file format for checkpoints: a zip archive holding a pickle and the tensors' storages, which Python's
 // torch.load opens, also with weights_only=True (torch >= 2.6's default, and how Megatron-LM loads). LibTorch's
 // torch::pickle_save writes the same archive but tags every dict and list with its TorchScript type, a global the
-// weights-only unpickler refuses; these functions write them untagged, and read either.
+// weights-only unpickler refuses; these functions write them untagged, and read either. torch 1.13's weights-only
+// unpickler cannot read a Python float at all, so floats are stored as 0-dim float64 tensors (Python sees
+// tensor(0.001, dtype=torch.float64)) and read back as floats: a 0-dim float64 tensor therefore comes back as a float.
 //
 //   c10::impl::GenericDict state(c10::AnyType::get(), c10::AnyType::get());
 //   state.insert("model", weights);

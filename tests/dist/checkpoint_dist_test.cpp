@@ -142,6 +142,15 @@ TEST(CheckpointResume, Tp2Pp2Dp2CheckpointResumesInOtherLayouts) {
   fs::remove_all(saved);
 }
 
+// SIGKILL to every rank of the job in `out` that wrote its pid: a failed check must not wait out a long run.
+void kill_ranks(const fs::path& out, int world) {
+  for (int rank = 0; rank < world; ++rank) {
+    pid_t pid = 0;
+    std::ifstream(out / ("pid" + std::to_string(rank))) >> pid;
+    if (pid > 0) ::kill(pid, SIGKILL);
+  }
+}
+
 // train.exit_signal_handler under mpirun: a SIGTERM to one rank of four (tp2 x pp2), at a random moment of training,
 // makes every rank save the same step, return without on_train_end and exit 0; resuming from that checkpoint then
 // continues the straight run bit for bit.
@@ -158,12 +167,18 @@ TEST(CheckpointResume, SigtermToOneRankUnderMpirunSavesAndResumes) {
   while (!fs::exists(pid_file) && std::chrono::steady_clock::now() < give_up &&
          job.wait_for(std::chrono::milliseconds(20)) == std::future_status::timeout) {
   }
-  ASSERT_TRUE(fs::exists(pid_file)) << "rank " << kSignalled << " never started training:\n" << job.get().output;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200 + std::random_device{}() % 800));
+  if (!fs::exists(pid_file)) {
+    kill_ranks(out, 4);
+    FAIL() << "rank " << kSignalled << " never started training:\n" << job.get().output;
+  }
+  const unsigned delay_ms = 200 + std::random_device{}() % 800;
+  std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   pid_t pid = 0;
   std::ifstream(pid_file) >> pid;
-  ASSERT_GT(pid, 0);
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  if (pid <= 0 || ::kill(pid, SIGTERM) != 0) {
+    kill_ranks(out, 4);
+    FAIL() << "could not signal rank " << kSignalled << " (pid " << pid << "):\n" << job.get().output;
+  }
   const RankResult result = job.get();
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_THAT(result.output, ::testing::HasSubstr("rank " + std::to_string(kSignalled) +
@@ -184,8 +199,10 @@ TEST(CheckpointResume, SigtermToOneRankUnderMpirunSavesAndResumes) {
   for (const auto& [at, loss] : resumed.loss) EXPECT_EQ(loss, straight.loss.at(at)) << "loss at step " << at;
   for (const auto& [at, loss] : signalled.loss) EXPECT_EQ(loss, straight.loss.at(at)) << "loss at step " << at;
   EXPECT_EQ(resumed.params, straight.params);
-  std::printf("SIGTERM to rank %d: every rank saved and left after step %lld; the resume matched bit for bit\n",
-              kSignalled, static_cast<long long>(step));
+  std::printf(
+      "SIGTERM to rank %d %u ms into training: every rank saved and left after step %lld; the resume "
+      "matched bit for bit\n",
+      kSignalled, delay_ms, static_cast<long long>(step));
   fs::remove_all(out);
   fs::remove_all(saved);
 }

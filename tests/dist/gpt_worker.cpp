@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -178,7 +179,9 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     }
   });
   manager->register_callback(Event::kTrainStart, [&](CallbackContext&) {
-    std::ofstream(out_dir + "/pid" + std::to_string(parallel::get_rank())) << ::getpid() << "\n";
+    const std::string pid_file = out_dir + "/pid" + std::to_string(parallel::get_rank());
+    std::ofstream(pid_file + ".tmp") << ::getpid() << "\n";
+    std::filesystem::rename(pid_file + ".tmp", pid_file);  // whole when it appears
   });
   bool train_end = false;
   manager->register_callback(Event::kTrainEnd, [&](CallbackContext& ctx) {

@@ -173,11 +173,12 @@ TEST(Checkpoint, ResumeIsBitExact) {
       torch::equal(state.get<torch::Tensor>("last_loss_tensor"), torch::tensor(straight.losses.back(), torch::kFloat)));
 }
 
-// Python's torch.load from the tests' venv, not a port of it.
-nlohmann::json read_with_torch(const fs::path& file) {
-  const std::string python = BRIDGE_TOOLS_PYTHON;
+// Python's torch.load, not a port of it: the tests' venv (torch 2.x) and Debian's python3-torch (1.13).
+const std::vector<std::string> kTorchPythons = {BRIDGE_TOOLS_PYTHON, BRIDGE_DEBIAN_TORCH_PYTHON};
+
+nlohmann::json read_with_torch(const std::string& python, const fs::path& file) {
   if (!fs::exists(python)) {
-    ADD_FAILURE() << python << " does not exist; run scripts/install_deps.sh, which creates the tests' venv";
+    ADD_FAILURE() << python << " does not exist; run scripts/install_deps.sh, which installs both Pythons' torch";
     return {};
   }
   const std::string command = "'" + python + "' '" + BRIDGE_READ_CHECKPOINT + "' '" + file.string() + "' 2>&1";
@@ -198,29 +199,35 @@ TEST(Checkpoint, PythonTorchLoadOpensTheFiles) {
   ConfigContainer config = tiny_config(2);
   config.checkpoint.save = dir.string();
   const Recorded run = train(config);
-  const nlohmann::json summary = read_with_torch(dir / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt");
-  ASSERT_FALSE(summary.is_null());
-  for (const char* key : {"model", "optimizer", "opt_param_scheduler", "rng_state", "iteration", "checkpoint_version",
-                          "config", "shard_metadata", "callbacks", "user_state"}) {
-    EXPECT_THAT(summary["keys"].get<std::vector<std::string>>(), ::testing::Contains(std::string(key)));
+  for (const std::string& python : kTorchPythons) {
+    SCOPED_TRACE(python);
+    const nlohmann::json summary = read_with_torch(python, dir / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt");
+    ASSERT_FALSE(summary.is_null());
+    for (const char* key : {"model", "optimizer", "opt_param_scheduler", "rng_state", "iteration", "checkpoint_version",
+                            "config", "shard_metadata", "callbacks", "user_state"}) {
+      EXPECT_THAT(summary["keys"].get<std::vector<std::string>>(), ::testing::Contains(std::string(key)));
+    }
+    EXPECT_EQ(summary["iteration"], 2);
+    EXPECT_TRUE(summary["config_has_model_section"].get<bool>());
+    const auto& model = summary["model"];
+    ASSERT_EQ(model.size(), run.final_params.size());
+    for (const auto& [name, tensor] : run.final_params) {
+      ASSERT_TRUE(model.contains(name)) << name;
+      EXPECT_EQ(model[name]["shape"].get<std::vector<int64_t>>(), tensor.sizes().vec()) << name;
+      EXPECT_NEAR(model[name]["sum"].get<double>(), tensor.to(torch::kDouble).sum().item<double>(), 1e-9) << name;
+    }
+    EXPECT_TRUE(model.contains("decoder.layers.0.self_attention.linear_qkv.weight"));
+    EXPECT_TRUE(model.contains("embedding.word_embeddings.weight"));
+    EXPECT_EQ(summary["optimizer_state"].size(), run.final_params.size());
+    // Floats (stored as 0-dim float64 tensors, which torch 1.13's weights-only loader can read) keep every bit.
+    EXPECT_EQ(summary["opt_param_scheduler"]["max_lr"].get<double>(), config.optimizer.lr);
+    EXPECT_EQ(summary["callbacks"]["StepCounter"]["steps"], 2);
+    EXPECT_EQ(summary["callbacks"]["StepCounter"]["losses"].get<std::vector<double>>(), run.losses);
+    const nlohmann::json common = read_with_torch(python, dir / "iter_0000002" / "common.pt");
+    ASSERT_FALSE(common.is_null());
+    EXPECT_EQ(common["iteration"], 2);
+    EXPECT_EQ(common["tensors"].size(), run.final_params.size());  // the index of every global tensor
   }
-  EXPECT_EQ(summary["iteration"], 2);
-  EXPECT_TRUE(summary["config_has_model_section"].get<bool>());
-  const auto& model = summary["model"];
-  ASSERT_EQ(model.size(), run.final_params.size());
-  for (const auto& [name, tensor] : run.final_params) {
-    ASSERT_TRUE(model.contains(name)) << name;
-    EXPECT_EQ(model[name]["shape"].get<std::vector<int64_t>>(), tensor.sizes().vec()) << name;
-    EXPECT_NEAR(model[name]["sum"].get<double>(), tensor.to(torch::kDouble).sum().item<double>(), 1e-9) << name;
-  }
-  EXPECT_TRUE(model.contains("decoder.layers.0.self_attention.linear_qkv.weight"));
-  EXPECT_TRUE(model.contains("embedding.word_embeddings.weight"));
-  EXPECT_EQ(summary["optimizer_state"].size(), run.final_params.size());
-  EXPECT_EQ(summary["callbacks"]["StepCounter"]["steps"], 2);
-  const nlohmann::json common = read_with_torch(dir / "iter_0000002" / "common.pt");
-  ASSERT_FALSE(common.is_null());
-  EXPECT_EQ(common["iteration"], 2);
-  EXPECT_EQ(common["tensors"].size(), run.final_params.size());  // the index of every global tensor
 }
 
 TEST(Checkpoint, RefusesToOverwriteNewerCheckpoints) {
@@ -360,6 +367,22 @@ TEST(Checkpoint, AsyncSaveResumesBitExact) {
   expect_same_parameters(second.final_params, straight.final_params);
   EXPECT_EQ(second.saves, (std::vector<int64_t>{4, 5, 6}));
   EXPECT_TRUE(second.saves_complete);
+}
+
+// An agreed abort first completes the asynchronous save still in flight: the tracker names the step it came after.
+TEST(Checkpoint, AbortCompletesAPendingAsyncSave) {
+  ConfigContainer config = tiny_config(6);
+  config.checkpoint.save = fresh_directory("async_abort").string();
+  config.checkpoint.save_interval = 1;
+  config.checkpoint.async_save = true;
+  EXPECT_THROW(train(config,
+                     [](CallbackManager& manager) {
+                       manager.register_callback(Event::kTrainStepEnd, [](CallbackContext& ctx) {
+                         if (ctx.state.train_state.step == 2) ctx.request_abort("enough");  // during step 3
+                       });
+                     }),
+               TrainingAborted);
+  EXPECT_EQ(read_latest_checkpointed_iteration(config.checkpoint.save), 3);
 }
 
 // train.exit_interval: each run saves and leaves after a multiple of 2 without on_train_end (Megatron-Bridge's exit);
