@@ -127,8 +127,4 @@ ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control
 /// Agrees with every rank on the control requests made since the last agreement (one collective) and acts on them.
 ControlOutcome act_on_control_requests(PretrainSetup& setup, bool training);
 
-/// Queues this rank's train.exit_* requests after a step: a caught signal, the time limit (both seen per rank) and
-/// exit_interval (rank 0 asks for everyone). The next agreement makes every rank exit after the same step.
-void request_exits(PretrainSetup& setup);
-
 }  // namespace bridge::training

@@ -201,6 +201,10 @@ ControlOutcome act_on_control_requests(PretrainSetup& setup, bool training) {
   return act_on_control(setup, agree_on_control(&setup.control(), parallel::get_world_group()), training);
 }
 
+namespace {
+
+// Queues this rank's train.exit_* requests after a step: a caught signal, the time limit (both seen per rank) and
+// exit_interval (rank 0 asks for everyone). The next agreement makes every rank exit after the same step.
 void request_exits(PretrainSetup& setup) {
   const TrainingConfig& config = setup.config.train;
   const int64_t step = setup.state.train_state.step;
@@ -225,6 +229,8 @@ void request_exits(PretrainSetup& setup) {
                     "train.exit_interval", Event::kTrainStepEnd);
   }
 }
+
+}  // namespace
 
 ControlOutcome train(PretrainSetup& setup) {
   const ConfigContainer& config = setup.config;
