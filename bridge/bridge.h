@@ -5,4 +5,5 @@
 #include "training/callbacks.h"
 #include "training/config_yaml.h"
 #include "training/optimizer_param_scheduler.h"
+#include "training/preflight.h"
 #include "training/pretrain.h"

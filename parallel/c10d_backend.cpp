@@ -313,7 +313,10 @@ std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono
                              " the rendezvous store at " + *env.master_addr + ":" + std::to_string(*env.master_port) +
                              " within " + std::to_string(timeout.count()) + " ms: " + error.what() +
                              (options.isServer ? ". Is the port in use? Pick another MASTER_PORT."
-                                               : ". Is rank 0 running and MASTER_ADDR reachable from this host?"));
+                                               : ". Is rank 0 running and MASTER_ADDR reachable from this host?") +
+                             (timeout < std::chrono::seconds(5)
+                                  ? " Or the timeout is too short for a rendezvous: give it seconds, not milliseconds."
+                                  : ""));
   }
   if (env.use_agent_store) {
     rendezvous->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count),

@@ -20,6 +20,8 @@
 #include "tools/tiny_corpus.h"
 #include "tools/tiny_recipe.h"
 #include "training/config_yaml.h"
+#include "training/preflight.h"
+#include "training/utils/theoretical_memory.h"
 #include "utils/strings.h"
 
 namespace {
@@ -101,17 +103,6 @@ void prepare_builtin_data(ConfigContainer& config) {
   }
 }
 
-// Parameters of the whole model from its shape (Megatron's formula): the embeddings, per layer attention, MLP and two
-// LayerNorms, and the final LayerNorm; the output layer when it is not tied.
-int64_t num_parameters(const models::GPTConfig& m, int tensor_parallel_size) {
-  const int64_t multiple = m.make_vocab_size_divisible_by * tensor_parallel_size;
-  const int64_t vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
-  const int64_t h = m.hidden_size, f = m.ffn_size();
-  const int64_t per_layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h;
-  const int64_t output = m.share_embeddings_and_output_weights ? 0 : vocab * h;
-  return vocab * h + m.seq_length * h + m.num_layers * per_layer + 2 * h + output;
-}
-
 // What the last rank (which holds the losses) reports at the end.
 struct RunSummary {
   // Training of this run: from on_train_start to the end of its last step (a resumed run starts part-way), which
@@ -134,12 +125,12 @@ std::shared_ptr<CallbackManager> make_callbacks(const ConfigContainer& config, R
       Event::kTrainStart,
       [&config](CallbackContext&) {
         const std::string data = config.dataset.data_path.empty() ? std::string("mock data (random tokens)")
-                                                                  : utils::join(config.dataset.data_path, ", ");
+                                                                  : bridge::utils::join(config.dataset.data_path, ", ");
         std::printf(
             "bridge-pretrain: GPT of %lld layers, hidden %lld, ~%.2fM parameters | tp=%d pp=%d dp=%d | %lld steps of "
             "%lld x %lld tokens | data: %s\n",
             static_cast<long long>(config.model.num_layers), static_cast<long long>(config.model.hidden_size),
-            static_cast<double>(num_parameters(config.model, config.parallelism.tensor_model_parallel_size)) / 1e6,
+            bridge::training::utils::num_parameters(config.model, config.parallelism.tensor_model_parallel_size) / 1e6,
             parallel::get_tensor_model_parallel_world_size(), parallel::get_pipeline_model_parallel_world_size(),
             parallel::get_data_parallel_world_size(), static_cast<long long>(config.train.train_iters),
             static_cast<long long>(config.train.global_batch_size), static_cast<long long>(config.model.seq_length),
@@ -238,6 +229,9 @@ int main(int argc, char** argv) {
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return 0;
+  } catch (const PreflightError& error) {  // the same on every rank: printed by the rank that found it
+    if (env.rank == error.source_rank()) std::fprintf(stderr, "bridge-pretrain: error: %s\n", error.what());
+    return kExitBadConfig;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "bridge-pretrain: rank %d: training failed: %s\n", env.rank, error.what());
     return kExitTrainingFailed;

@@ -64,6 +64,7 @@ void on_every_rank(const std::string& what, Work&& work) {
   failed[world.rank()] = error ? 1 : 0;
   world.all_reduce(failed);
   if (failed.sum().item<int64_t>() == 0) return;
+  note_agreed_failure();
   if (error) std::rethrow_exception(error);
   std::vector<int> ranks;
   for (int r = 0; r < world.size(); ++r) {
@@ -110,6 +111,44 @@ void delete_old_checkpoints(const fs::path& root, int64_t newest, int64_t keep) 
     if (error) {
       bridge::utils::logger().warn("checkpoint.most_recent_k: could not delete {}: {}",
                                    (root / checkpoint_directory_name(iteration)).string(), error.message());
+    }
+  }
+}
+
+// Removes `path` (a file or a directory tree), logging what and why; a failure is only logged (the save goes on).
+void remove_leftover(const fs::path& path, const std::string& why) {
+  std::error_code error;
+  fs::remove_all(path, error);
+  if (error) {
+    bridge::utils::logger().warn("could not remove {} ({}): {}", path.string(), why, error.message());
+  } else {
+    bridge::utils::logger().warn("removed {}: {}", path.string(), why);
+  }
+}
+
+// What a killed run left in checkpoint.save: iteration directories without common.pt (a save cut short), complete
+// ones newer than the tracker (killed between common.pt and the tracker, so never named by it), and stray *.tmp files
+// (a write cut short). The tracked checkpoint and every complete one up to it are kept.
+void remove_interrupted_saves(const fs::path& root) {
+  std::error_code error;
+  if (!fs::is_directory(root, error)) return;
+  const std::optional<int64_t> tracked = read_latest_checkpointed_iteration(root.string());
+  for (const auto& [iteration, complete] : checkpoint_iterations(root)) {
+    const fs::path directory = root / checkpoint_directory_name(iteration);
+    if (!complete && iteration != tracked) {
+      remove_leftover(directory, "an interrupted save (no " + std::string(kCommon) + ")");
+    } else if (complete && tracked && iteration > *tracked) {
+      remove_leftover(directory, "a save interrupted before " + std::string(kTracker) + " named it");
+    }
+  }
+  // Only in what bridge writes: the tracker's temporary file and the kept iteration directories.
+  const fs::path tracker_tmp = root / (std::string(kTracker) + ".tmp");
+  if (fs::exists(fs::symlink_status(tracker_tmp, error))) remove_leftover(tracker_tmp, "a write cut short");
+  for (const auto& [iteration, complete] : checkpoint_iterations(root)) {
+    const fs::path directory = root / checkpoint_directory_name(iteration);
+    for (auto it = fs::recursive_directory_iterator(directory, error);
+         !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+      if (it->is_regular_file() && it->path().extension() == ".tmp") remove_leftover(it->path(), "a write cut short");
     }
   }
 }
@@ -209,6 +248,10 @@ std::string save_checkpoint(PretrainSetup& setup) {
   pending->what =
       "saving checkpoint iteration " + std::to_string(pending->iteration) + " under " + pending->directory.string();
   pending->started = std::chrono::steady_clock::now();
+  // Before any rank writes into the directory (the agreement is the barrier): nothing is in flight now.
+  on_every_rank(pending->what, [&] {
+    if (parallel::get_rank() == 0) remove_interrupted_saves(pending->root);
+  });
   const bool writer = setup.data_parallel_rank == 0;
   const std::vector<CheckpointParam> params = checkpoint_params(setup);
   const std::string rank_file = relative_rank_file();

@@ -1,6 +1,8 @@
 // ConfigContainer validation: all of it before anything is built, each error naming the field and the fix.
 #include "training/config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "training/datasets/gpt_dataset.h"
@@ -10,6 +12,7 @@
 namespace bridge::training {
 namespace {
 
+using utils::checked_product;
 using utils::require;
 
 std::string str(int64_t value) { return std::to_string(value); }
@@ -59,11 +62,17 @@ void ConfigContainer::validate(int world_size) const {
     require(p.pipeline_model_parallel_size >= 2,
             "parallelism.virtual_pipeline_model_parallel_size needs parallelism.pipeline_model_parallel_size >= 2");
   }
-  require(p.timeout.count() > 0, "parallelism.timeout must be positive");
+  require(p.timeout >= ParallelismConfig::kMinimumTimeout,
+          "parallelism.timeout must be at least " + str(ParallelismConfig::kMinimumTimeout.count()) + " s, got " +
+              str(p.timeout.count()) +
+              " ms: starting every rank and their rendezvous take seconds, so a shorter timeout fails a healthy job "
+              "(a rank that dies is detected at once by its closed connection, whatever the timeout)");
 
   const TrainingConfig& t = train;
   require(t.micro_batch_size >= 1, "train.micro_batch_size must be >= 1, got " + str(t.micro_batch_size));
   const int64_t dp = data_parallel_size(world_size);
+  checked_product({{"train.micro_batch_size", t.micro_batch_size}, {"the data-parallel size", dp}},
+                  "the samples of one micro-batch over every data-parallel rank");
   require(t.global_batch_size >= 1 && t.global_batch_size % (t.micro_batch_size * dp) == 0,
           "train.global_batch_size (" + str(t.global_batch_size) +
               ") must be a positive multiple of "
@@ -85,6 +94,27 @@ void ConfigContainer::validate(int world_size) const {
                 ") must be 0 or >= the pipeline size, or the interleaved schedule stalls on dependency bubbles");
   }
 
+  // The counters and tensors these sizes make, named here rather than overflowing inside the run.
+  checked_product({{"train.train_iters", t.train_iters}, {"train.global_batch_size", t.global_batch_size}},
+                  "the samples consumed by training");
+  checked_product({{"train.eval_iters", t.eval_iters},
+                   {"train.global_batch_size", t.global_batch_size},
+                   {"train.train_iters", std::max<int64_t>(1, t.train_iters)}},
+                  "the samples consumed by every evaluation of the run");
+  checked_product(
+      {{"scheduler.lr_warmup_iters", scheduler.lr_warmup_iters}, {"train.global_batch_size", t.global_batch_size}},
+      "the scheduler's warm-up, counted in samples");
+  checked_product(
+      {{"scheduler.lr_decay_iters", scheduler.lr_decay_iters}, {"train.global_batch_size", t.global_batch_size}},
+      "the scheduler's decay, counted in samples");
+  checked_product({{"model.seq_length", model.seq_length},
+                   {"train.micro_batch_size", t.micro_batch_size},
+                   {"model.hidden_size", model.hidden_size}},
+                  "the activations of one micro-batch");
+  checked_product({{"model.seq_length", model.seq_length},
+                   {"train.micro_batch_size", t.micro_batch_size},
+                   {"model.vocab_size", model.vocab_size}},
+                  "the logits of one micro-batch");
   require(ddp.bucket_size >= 0, "ddp.bucket_size must be >= 0 (0: Megatron's default), got " + str(ddp.bucket_size));
   model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size);
   optimizer.validate();
@@ -106,8 +136,9 @@ void ConfigContainer::validate(int world_size) const {
           "logging.runtime_time_unit must be seconds, minutes, hours or days, got '" + unit + "'");
   require(!train.exit_interval || *train.exit_interval >= 1,
           "train.exit_interval must be >= 1 when set (null = never), got " + str(train.exit_interval.value_or(0)));
-  require(!train.exit_duration_in_mins || *train.exit_duration_in_mins >= 0.0,
-          "train.exit_duration_in_mins must be >= 0 when set (null = no limit), got " +
+  require(!train.exit_duration_in_mins ||
+              (std::isfinite(*train.exit_duration_in_mins) && *train.exit_duration_in_mins >= 0.0),
+          "train.exit_duration_in_mins must be finite and >= 0 when set (null = no limit), got " +
               std::to_string(train.exit_duration_in_mins.value_or(0.0)));
   require(checkpoint.save_interval >= 0, "checkpoint.save_interval must be >= 0, got " + str(checkpoint.save_interval));
   require(checkpoint.save_interval == 0 || !checkpoint.save.empty(),
@@ -126,10 +157,11 @@ void ConfigContainer::validate(int world_size) const {
   const MixedPrecisionConfig& mp = mixed_precision;
   require(!(mp.bf16 && mp.fp16), "mixed_precision.bf16 and mixed_precision.fp16 are both true; choose one");
   if (mp.loss_scale) {
-    require(*mp.loss_scale > 0, "mixed_precision.loss_scale must be > 0 when set (unset = dynamic loss scaling)");
+    require(std::isfinite(*mp.loss_scale) && *mp.loss_scale > 0,
+            "mixed_precision.loss_scale must be finite and > 0 when set (unset = dynamic loss scaling)");
   }
-  require(mp.initial_loss_scale > 0 && mp.min_loss_scale > 0 && mp.min_loss_scale <= mp.initial_loss_scale,
-          "mixed_precision needs 0 < min_loss_scale <= initial_loss_scale (Megatron: 1 and 2^32)");
+  require(std::isfinite(mp.initial_loss_scale) && mp.min_loss_scale > 0 && mp.min_loss_scale <= mp.initial_loss_scale,
+          "mixed_precision needs 0 < min_loss_scale <= initial_loss_scale, both finite (Megatron: 1 and 2^32)");
   require(mp.loss_scale_window >= 1,
           "mixed_precision.loss_scale_window must be >= 1, got " + str(mp.loss_scale_window));
   require(mp.hysteresis >= 1, "mixed_precision.hysteresis must be >= 1, got " + str(mp.hysteresis));

@@ -71,7 +71,9 @@ struct ParallelismConfig {
   /// Where the model, batches, gradient buffers and pipeline tensors live: "auto" (cuda:LOCAL_RANK when every rank
   /// of the node has a GPU, else cpu), "cuda" (cuda:LOCAL_RANK), "cuda:<index>" or "cpu".
   std::string device = "auto";
+  /// How long a collective (and the start-up rendezvous) may wait for the other ranks; at least kMinimumTimeout.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  static constexpr std::chrono::seconds kMinimumTimeout{5};
 };
 
 struct DatasetConfig {

@@ -636,6 +636,18 @@ ConfigContainer load_config_yaml_string(std::string_view text, std::string_view 
 }
 
 ConfigContainer load_config_yaml(const std::filesystem::path& path) {
+  // A directory opens as a stream that reads nothing, which would train the defaults; a pipe (<(...)) is fine.
+  std::error_code status_error;
+  const std::filesystem::file_status status = std::filesystem::status(path, status_error);
+  if (std::filesystem::is_directory(status)) {
+    throw ConfigError("the config file '" + path.string() +
+                      "' is a directory; pass the YAML recipe itself, e.g. --config " +
+                      (path / "recipe.yaml").string());
+  }
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+      !std::filesystem::is_fifo(status) && !std::filesystem::is_character_file(status)) {
+    throw ConfigError("the config file '" + path.string() + "' is not a regular file; pass a YAML recipe");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     throw ConfigError("cannot read the config file '" + path.string() +
@@ -643,6 +655,10 @@ ConfigContainer load_config_yaml(const std::filesystem::path& path) {
   }
   std::ostringstream text;
   text << file.rdbuf();
+  if (file.bad()) {
+    throw ConfigError("cannot read the config file '" + path.string() +
+                      "': " + std::error_code(errno, std::generic_category()).message());
+  }
   return load_config_yaml_string(text.str(), path.string());
 }
 

@@ -1,6 +1,7 @@
 // build_optimizer and OptimizerConfig validation.
 #include "training/optimizer.h"
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -17,7 +18,7 @@ std::string format(double value) {
   return out.str();
 }
 
-// Written as !(ok) so that NaN fails every check.
+// Written as !(ok) so that NaN fails every check; infinities are refused by the callers' isfinite.
 void require(bool ok, const std::string& field, const std::string& rule, double value, const std::string& fix) {
   if (ok) return;
   throw std::invalid_argument("optimizer." + field + " must be " + rule + ", got " + format(value) + "; " + fix);
@@ -30,16 +31,19 @@ void OptimizerConfig::validate() const {
     throw std::invalid_argument("optimizer.optimizer must be \"adam\" or \"sgd\", got \"" + optimizer +
                                 "\"; \"adam\" is Adam with decoupled weight decay (AdamW)");
   }
-  require(lr > 0, "lr", "> 0", lr, "set the peak learning rate, e.g. 1e-4");
+  require(std::isfinite(lr) && lr > 0 && lr <= 10, "lr", "finite, > 0 and <= 10", lr,
+          "set the peak learning rate, e.g. 1e-4");
   require(min_lr >= 0 && min_lr <= lr, "min_lr", ">= 0 and <= optimizer.lr (" + format(lr) + ")", min_lr,
           "set it between 0 and the peak learning rate");
-  require(weight_decay >= 0, "weight_decay", ">= 0", weight_decay, "use 0 to disable weight decay");
+  require(std::isfinite(weight_decay) && weight_decay >= 0, "weight_decay", "finite and >= 0", weight_decay,
+          "use 0 to disable weight decay");
   require(adam_beta1 >= 0 && adam_beta1 < 1, "adam_beta1", "in [0, 1)", adam_beta1, "the usual value is 0.9");
   require(adam_beta2 >= 0 && adam_beta2 < 1, "adam_beta2", "in [0, 1)", adam_beta2, "the usual value is 0.999 or 0.95");
-  require(adam_eps > 0, "adam_eps", "> 0", adam_eps, "the usual value is 1e-8");
+  require(adam_eps > 0 && adam_eps < 1, "adam_eps", "in (0, 1)", adam_eps, "the usual value is 1e-8");
   require(sgd_momentum >= 0 && sgd_momentum < 1, "sgd_momentum", "in [0, 1)", sgd_momentum,
           "use 0 for plain SGD, 0.9 usually");
-  require(clip_grad >= 0, "clip_grad", ">= 0", clip_grad, "use 0 to disable gradient clipping");
+  require(std::isfinite(clip_grad) && clip_grad >= 0, "clip_grad", "finite and >= 0", clip_grad,
+          "use 0 to disable gradient clipping");
 }
 
 std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& config,

@@ -3,7 +3,7 @@
 #include "training/pretrain.h"
 
 #include <algorithm>
-#include <thread>
+#include <utility>
 
 #include "parallel/device.h"
 #include "parallel/distributed.h"
@@ -11,6 +11,7 @@
 #include "parallel/tensor_parallel/random.h"
 #include "training/checkpointing.h"
 #include "training/datasets/gpt_dataset.h"
+#include "training/preflight.h"
 #include "training/pretrain_setup.h"
 #include "utils/host_allocator.h"
 #include "utils/logging.h"
@@ -61,7 +62,18 @@ class ParallelScope {
     parallel::initialize_model_parallel(options);
     owns_model_parallel_ = true;
   }
+  /// An error is leaving pretrain() on this rank alone: the destructor releases every process group, the caller's
+  /// world too, which closes this rank's connections so the others' collectives fail now.
+  void tear_down_on_exit() { tear_down_ = true; }
   ~ParallelScope() {
+    if (tear_down_ && parallel::is_distributed_initialized()) {
+      bridge::utils::logger().error(
+          "rank {}: pretrain() failed on this rank: releasing the process groups so the other ranks stop now (call "
+          "init_distributed() again before another run in this process)",
+          parallel::get_rank());
+      parallel::destroy_distributed();  // the model-parallel groups first, then the world
+      return;
+    }
     if (owns_model_parallel_) parallel::destroy_model_parallel();
     if (owns_world_) parallel::destroy_distributed();
   }
@@ -72,12 +84,11 @@ class ParallelScope {
   torch::Device device_ = torch::kCPU;
   bool owns_world_ = false;
   bool owns_model_parallel_ = false;
+  bool tear_down_ = false;
 };
 
-int default_num_threads() {
-  const int cores = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, parallel::get_launch_env().local_world_size));
-}
+// Whether the error now leaving pretrain() on this thread was thrown on every rank together (note_agreed_failure).
+thread_local bool failure_agreed = false;
 
 GPTDatasets mock_datasets(const ConfigContainer& config) {
   const int64_t vocab = config.model.vocab_size;
@@ -190,6 +201,10 @@ void build(PretrainSetup& setup) {
       torch::tensor({train_state.do_valid ? 1.0 : 0.0, train_state.do_test ? 1.0 : 0.0,
                      train_state.do_valid ? -1.0 : 0.0, train_state.do_test ? -1.0 : 0.0, failure ? 1.0 : 0.0});
   parallel::get_world_group().all_reduce(flags, parallel::ReduceOp::kMax);
+  if (flags[4].item<double>() > 0.0 || flags[0].item<double>() != -flags[2].item<double>() ||
+      flags[1].item<double>() != -flags[3].item<double>()) {
+    note_agreed_failure();
+  }
   if (flags[4].item<double>() > 0.0) {
     if (failure) std::rethrow_exception(failure);
     throw std::runtime_error("building the datasets failed on another rank (its error names the cause)");
@@ -227,11 +242,12 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
   ParallelScope scope(config.parallelism);
   config.validate(parallel::get_world_size());
   scope.initialize_model_parallel(config.parallelism);
-  torch::set_num_threads(config.train.num_threads > 0 ? config.train.num_threads : default_num_threads());
+  torch::set_num_threads(preflight(config, scope.device()));
   // Megatron's seeds: +100 per pipeline stage for the default stream, +2718 + tp rank for the tensor-parallel one.
   parallel::tensor_parallel::model_parallel_manual_seed(
       config.rng.seed + 100 * static_cast<uint64_t>(parallel::get_pipeline_model_parallel_rank()));
 
+  failure_agreed = false;
   auto setup = std::make_unique<PretrainSetup>();
   setup->config = config;
   setup->device = scope.device();
@@ -264,9 +280,12 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
     }
   } catch (...) {
     report_exception(*setup, std::current_exception());
+    if (!std::exchange(failure_agreed, false)) scope.tear_down_on_exit();
     throw;
   }
   return setup->state.train_state;
 }
+
+void note_agreed_failure() { failure_agreed = true; }
 
 }  // namespace bridge::training

@@ -94,6 +94,12 @@ struct PretrainSetup {
   }
 };
 
+/// Called just before throwing an error that every rank throws at the same point, because a collective told every
+/// rank of it (a failed save, an agreed abort, a NaN gradient norm). pretrain() then leaves the process groups as they
+/// are; any other error leaving pretrain() on one rank tears them down, so that the other ranks fail at once rather
+/// than at parallelism.timeout.
+void note_agreed_failure();
+
 /// Runs the step function over `data` (one iterator per chunk) through the pipeline schedule. With `forward_only`,
 /// no gradients (evaluation); otherwise gradients are accumulated, reduced over data parallel and finalised. Returns
 /// the reported losses of each micro-batch on the last stage, empty elsewhere.

@@ -150,6 +150,7 @@ StepOutcome train_step(PretrainSetup& setup) {
   outcome.grad_norm = clip > 0.0 ? clip_grad_norm(grad_params, clip) : get_grad_norm_fp32(grad_params);
   // The norm is reduced over the model-parallel group and equal on every rank, so all of them stop here together.
   if (setup.config.train.check_for_nan_in_loss_and_grad && !std::isfinite(outcome.grad_norm)) {
+    note_agreed_failure();
     throw std::runtime_error("the gradient norm is " + std::to_string(outcome.grad_norm) + " at step " +
                              std::to_string(setup.state.train_state.step) +
                              ": the loss or gradients are NaN or infinite. Lower optimizer.lr, check the data, or "
@@ -178,6 +179,7 @@ ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control
     } catch (const std::exception& error) {
       bridge::utils::logger().error("{}", error.what());
     }
+    note_agreed_failure();
     throw TrainingAborted("training aborted after step " + std::to_string(step) + " on a callback's request:\n" +
                           control.summary);
   }

@@ -67,12 +67,24 @@ void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& val
   pickler.pushIValue(floats_as_tensors(value));
   pickler.stop();
   write_file_durably(path, [&](const WriteBytes& write) {
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-      write(static_cast<const char*>(data), size);
-      return size;
-    });
-    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-    writer.writeEndOfFile();
+    // A failed write (a full disk) must not throw through LibTorch's zip writer: its destructor writes the end of
+    // the file again and a second throw there aborts the process. The first error is kept, later writes are
+    // skipped, and it is rethrown once the writer is gone.
+    std::exception_ptr failure;
+    {
+      caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+        if (failure) return size;
+        try {
+          write(static_cast<const char*>(data), size);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        return size;
+      });
+      torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+      writer.writeEndOfFile();
+    }
+    if (failure) std::rethrow_exception(failure);
   });
 }
 

@@ -9,6 +9,7 @@
 namespace bridge::models {
 namespace {
 
+using utils::checked_product;
 using utils::require;
 
 std::string str(int64_t value) { return std::to_string(value); }
@@ -31,8 +32,33 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
   require(seq_length >= 1, "model.seq_length must be >= 1, got " + str(seq_length));
   require(hidden_dropout >= 0.0 && hidden_dropout < 1.0, "model.hidden_dropout must be in [0, 1)");
   require(attention_dropout >= 0.0 && attention_dropout < 1.0, "model.attention_dropout must be in [0, 1)");
-  require(layernorm_epsilon > 0.0, "model.layernorm_epsilon must be > 0");
-  require(init_method_std > 0.0, "model.init_method_std must be > 0");
+  // Written so that NaN fails too; an infinite epsilon or std trains to exit 0 without learning.
+  require(
+      layernorm_epsilon > 0.0 && layernorm_epsilon < 1.0,
+      "model.layernorm_epsilon must be in (0, 1), got " + std::to_string(layernorm_epsilon) + "; the usual is 1e-5");
+  require(init_method_std > 0.0 && init_method_std <= 1.0, "model.init_method_std must be in (0, 1], got " +
+                                                               std::to_string(init_method_std) +
+                                                               "; Megatron's default is 0.02");
+  // Sizes that would overflow inside the model, named here rather than by the allocator.
+  const int64_t ffn = checked_product({{"model.hidden_size", hidden_size}, {"4", 4}}, "the default ffn_hidden_size");
+  checked_product({{"model.vocab_size", vocab_size}, {"model.hidden_size", hidden_size}}, "the embedding's size");
+  checked_product({{"model.num_layers", num_layers},
+                   {"model.hidden_size", hidden_size},
+                   {"model.ffn_hidden_size", ffn_hidden_size > 0 ? ffn_hidden_size : ffn},
+                   {"2 weight matrices", 2}},
+                  "the MLP parameters of the model");
+  checked_product({{"model.num_layers", num_layers},
+                   {"model.hidden_size", hidden_size},
+                   {"model.hidden_size", hidden_size},
+                   {"4 weight matrices", 4}},
+                  "the attention parameters of the model");
+  checked_product({{"model.seq_length", seq_length},
+                   {"model.seq_length", seq_length},
+                   {"model.num_attention_heads", num_attention_heads}},
+                  "one sample's attention scores");
+  checked_product({{"model.make_vocab_size_divisible_by", make_vocab_size_divisible_by},
+                   {"the tensor-parallel size", tensor_model_parallel_size}},
+                  "the vocabulary padding");
 
   const int64_t tp = tensor_model_parallel_size;
   require(num_attention_heads % tp == 0, "model.num_attention_heads (" + str(num_attention_heads) +

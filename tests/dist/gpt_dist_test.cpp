@@ -175,6 +175,35 @@ TEST(GptData, ADatasetFailureOnOneRankFailsEveryRankAtOnce) {
   EXPECT_THAT(results[1].output, HasSubstr("/nonexistent/bridge_dataset")) << describe(results);
 }
 
+// An error on one rank that its own main() catches: pretrain() releases the process groups on the way out, so the
+// other ranks (inside a collective of that step) fail within seconds, not at parallelism.timeout (2 min here).
+// A step function's error leaves the others in a model-parallel group's collective, a callback's (after the step)
+// in the world group's.
+void expect_others_fail_fast(int failing_rank, int world_size, int tp, int pp, const std::string& where) {
+  const auto results = run_ranks(
+      kWorker, {"caught_failure", std::to_string(failing_rank), std::to_string(tp), std::to_string(pp), where},
+      world_size, std::chrono::seconds(100));
+  for (int rank = 0; rank < world_size; ++rank) {
+    const RankResult& result = results[rank];
+    EXPECT_EQ(result.exit_code, 3) << describe(results);
+    if (rank == failing_rank) {
+      EXPECT_THAT(result.output, HasSubstr("a bug in the " + std::string(where == "step" ? "step function" : where)))
+          << describe(results);
+      continue;
+    }
+    // The failing rank sleeps 10 s after catching: a rank that ended before that learned of it from the release.
+    EXPECT_LT(result.seconds, 8.0) << "rank " << rank << " waited: " << describe(results);
+  }
+}
+
+TEST(GptFailure, ACaughtStepErrorOnOneRankFailsTheOthersAtOnceDp2) { expect_others_fail_fast(1, 2, 1, 1, "step"); }
+TEST(GptFailure, ACaughtCallbackErrorOnOneRankFailsTheOthersAtOnceDp2) {
+  expect_others_fail_fast(1, 2, 1, 1, "callback");
+}
+TEST(GptFailure, ACaughtCallbackErrorOnOneRankFailsTheOthersAtOnceTp2Pp2) {
+  expect_others_fail_fast(3, 4, 2, 2, "callback");
+}
+
 std::vector<RankResult> run_control(const std::string& action, int requesting_rank, const fs::path& directory) {
   return run_ranks(kWorker, {"control", action, std::to_string(requesting_rank), "2", directory.string()}, 2,
                    std::chrono::seconds(120));

@@ -20,6 +20,9 @@
 //       writes its process id to <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
+//   gpt_worker caught_failure <failing_rank> <tp> <pp> <step|callback>
+//       the step function (or an on_train_step_end callback) throws on one rank in step 3, which catches the error and
+//       sleeps 10 s; every rank prints how long it took to fail and exits 3.
 //
 // Exit 0 on success; a failed check prints "FAILED ..." and exits 1; an abort exits 3 after printing the error.
 #include <unistd.h>
@@ -30,6 +33,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "bridge/bridge.h"
 #include "parallel/distributed.h"
@@ -226,28 +230,64 @@ int run_bad_data() {
   return 0;
 }
 
+// A step function that throws on one rank during step `step` (the others are then inside a collective of that step),
+// the way a bug or a failed read would: that rank catches it and carries on (sleeps); every other rank must fail
+// within seconds, not at parallelism.timeout.
+int run_caught_failure(int failing_rank, int tp, int pp, const std::string& where) {
+  ConfigContainer config = testing::tiny_gpt_config(tp, pp, 0, 20);
+  config.parallelism.timeout = std::chrono::minutes(2);
+  const auto start = std::chrono::steady_clock::now();
+  const int rank = parallel::get_rank();  // the groups are gone after a failure
+  auto failing = [&](GlobalState& state, DataIterator& data, models::GPTModel& model) {
+    if (where == "step" && rank == failing_rank && state.train_state.step == 2) {
+      throw std::runtime_error("a bug in the step function");
+    }
+    return gpt_forward_step(data, model);
+  };
+  // After the step's own collectives: the other ranks then wait in the world group's (the step-boundary agreement).
+  auto callbacks = std::make_shared<CallbackManager>();
+  callbacks->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+    if (where == "callback" && rank == failing_rank && ctx.state.train_state.step == 2) {
+      throw std::runtime_error("a bug in the callback");
+    }
+  });
+  try {
+    pretrain(config, failing, callbacks);
+  } catch (const std::exception& error) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank %d: failed after %.1f s: %s\n", rank, seconds, error.what());
+    std::fflush(stdout);
+    if (rank == failing_rank) std::this_thread::sleep_for(std::chrono::seconds(10));
+    return 3;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  return bridge::testing::worker_main(argc, argv,
-                                      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision]\n"
-                                      "       gpt_worker dropout\n"
-                                      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|->\n"
-                                      "       gpt_worker bad_data\n"
-                                      "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n",
-                                      [&](const std::string& scenario) {
-                                        if (scenario == "parity" && (argc == 7 || argc == 8)) {
-                                          return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
-                                                            std::stoi(argv[5]), std::stoll(argv[6]),
-                                                            argc == 8 ? argv[7] : "fp32");
-                                        }
-                                        if (scenario == "dropout" && argc == 2) return run_dropout();
-                                        if (scenario == "resume" && argc == 9) {
-                                          return run_resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
-                                                            std::stoi(argv[5]), std::stoll(argv[6]), argv[7], argv[8]);
-                                        }
-                                        if (scenario == "bad_data" && argc == 2) return run_bad_data();
-                                        if (scenario == "control" && argc == 6) {
-                                          return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
-                                        }
-                                        return -1;
-                                      });
+  return bridge::testing::worker_main(
+      argc, argv,
+      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision]\n"
+      "       gpt_worker dropout\n"
+      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|->\n"
+      "       gpt_worker bad_data\n"
+      "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n",
+      [&](const std::string& scenario) {
+        if (scenario == "parity" && (argc == 7 || argc == 8)) {
+          return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
+                            argc == 8 ? argv[7] : "fp32");
+        }
+        if (scenario == "dropout" && argc == 2) return run_dropout();
+        if (scenario == "resume" && argc == 9) {
+          return run_resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
+                            argv[7], argv[8]);
+        }
+        if (scenario == "bad_data" && argc == 2) return run_bad_data();
+        if (scenario == "caught_failure" && argc == 6) {
+          return run_caught_failure(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
+        }
+        if (scenario == "control" && argc == 6) {
+          return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
+        }
+        return -1;
+      });
 }

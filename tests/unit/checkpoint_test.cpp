@@ -19,6 +19,8 @@
 
 #include "bridge/bridge.h"
 #include "training/checkpointing.h"
+#include "utils/durable_file.h"
+#include "utils/torch_pickle.h"
 
 namespace bridge::training {
 namespace {
@@ -429,6 +431,62 @@ TEST(Checkpoint, SignalAndTimeLimitExitAfterTheStep) {
   EXPECT_EQ(timed_out.state.step, 1);
   EXPECT_TRUE(timed_out.saves.empty());
   EXPECT_TRUE(timed_out.final_params.empty());
+}
+
+// A full disk while a checkpoint file is written: the write's ENOSPC is an exception naming the file (LibTorch's zip
+// writer used to rethrow it from its destructor: SIGABRT), no temporary file is left and the old file is kept.
+// /dev/full is the kernel's always-full device; the temporary file is made a link to it.
+TEST(DiskFaults, AFullDiskFailsTheWriteCleanlyAndKeepsTheOldFile) {
+  const fs::path dir = fresh_directory("disk_full");
+  fs::create_directories(dir);
+  const fs::path file = dir / "model_optim_rng.pt";
+  bridge::utils::write_file_durably(file, "previous checkpoint");
+  fs::create_symlink("/dev/full", file.string() + ".tmp");
+  c10::Dict<std::string, torch::Tensor> state;
+  state.insert("weight", torch::ones({256, 256}));
+  try {
+    bridge::utils::save_torch_pickle(file, state);
+    ADD_FAILURE() << "writing to a full disk succeeded";
+  } catch (const std::runtime_error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("No space left on device"));
+    EXPECT_THAT(error.what(), HasSubstr(file.string() + ".tmp"));
+  }
+  EXPECT_FALSE(fs::exists(fs::symlink_status(file.string() + ".tmp")));
+  EXPECT_EQ(bridge::utils::read_file(file), "previous checkpoint");
+  fs::remove_all(dir);
+}
+
+// What a killed run leaves in checkpoint.save is removed at the next save: an iteration without common.pt, a
+// complete one the tracker never named, stray .tmp files. The tracked checkpoint stays and still resumes.
+TEST(DiskFaults, LeftoversOfKilledRunsAreRemovedAtTheNextSave) {
+  const fs::path dir = fresh_directory("leftovers");
+  ConfigContainer config = tiny_config(2);
+  config.checkpoint.save = dir.string();
+  train(config);  // tracker: 2
+  // iter_0000003: a save cut short; iter_0000004: complete (a copy of 2) but never tracked; stray temporaries.
+  fs::create_directories(dir / "iter_0000003" / "mp_rank_00");
+  bridge::utils::write_file_durably(dir / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt.tmp", "torn");
+  fs::copy(dir / "iter_0000002", dir / "iter_0000004", fs::copy_options::recursive);
+  bridge::utils::write_file_durably(dir / "iter_0000002" / "common.pt.tmp", "torn");
+  bridge::utils::write_file_durably(dir / "latest_checkpointed_iteration.txt.tmp", "9\n");
+  std::ofstream(dir / "notes.tmp") << "the user's own file";  // not bridge's: kept
+  const auto tracked_before = fs::last_write_time(dir / "iter_0000002" / "common.pt");
+
+  config.train.train_iters = 3;
+  const Recorded resumed = train(config);  // resumes from 2, saves 3
+  ASSERT_EQ(resumed.loads.size(), 1U);
+  EXPECT_EQ(resumed.loads[0].iteration, 2);
+  std::vector<std::string> left;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) left.push_back(fs::relative(entry.path(), dir));
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"iter_0000002", "iter_0000002/common.pt", "iter_0000002/mp_rank_00",
+                                            "iter_0000002/mp_rank_00/model_optim_rng.pt", "iter_0000003",
+                                            "iter_0000003/common.pt", "iter_0000003/mp_rank_00",
+                                            "iter_0000003/mp_rank_00/model_optim_rng.pt",
+                                            "latest_checkpointed_iteration.txt", "notes.tmp"}));
+  EXPECT_EQ(fs::last_write_time(dir / "iter_0000002" / "common.pt"), tracked_before);
+  EXPECT_EQ(read_latest_checkpointed_iteration(dir.string()), 3);
+  fs::remove_all(dir);
 }
 
 }  // namespace

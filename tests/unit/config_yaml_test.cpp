@@ -302,6 +302,7 @@ std::vector<std::pair<std::string, std::string>> declared_members(const std::str
     const std::size_t equals = statement.find('=');
     const std::size_t paren = statement.find('(');
     if (paren != std::string::npos && (equals == std::string::npos || paren < equals)) continue;  // a function
+    if (std::regex_search(statement, std::regex("^\\s*static\\b"))) continue;  // a class constant, not a field
     std::istringstream declarators(statement);
     std::string declarator, type;
     bool is_first = true;

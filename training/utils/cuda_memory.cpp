@@ -45,4 +45,15 @@ std::map<std::string, int64_t> cuda_memory_stats() {
   return stats;
 }
 
+std::optional<int64_t> cuda_free_bytes() {
+#ifdef BRIDGE_WITH_CUDA
+  if (!torch::cuda::is_available()) return std::nullopt;
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return std::nullopt;
+  return static_cast<int64_t>(free);
+#else
+  return std::nullopt;
+#endif
+}
+
 }  // namespace bridge::training::utils

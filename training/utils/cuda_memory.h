@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace bridge::training::utils {
@@ -14,5 +15,8 @@ bool cuda_memory_stats_available();
 /// The current device's "allocated_bytes.all.current", "...peak", "active_bytes.*", "inactive_split_bytes.*",
 /// "reserved_bytes.*", "allocation.all.current" and "num_alloc_retries"; empty without CUDA.
 std::map<std::string, int64_t> cuda_memory_stats();
+
+/// Bytes free on the current CUDA device (cudaMemGetInfo); nullopt without CUDA.
+std::optional<int64_t> cuda_free_bytes();
 
 }  // namespace bridge::training::utils

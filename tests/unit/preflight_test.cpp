@@ -1,0 +1,230 @@
+// Failing early: validate() refuses non-finite and overflowing values naming the key, --config refuses a directory,
+// and pretrain()'s preflight refuses unwritable outputs and models that cannot fit before anything trains, and caps
+// train.num_threads at the cores.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <thread>
+
+#include "bridge/bridge.h"
+#include "training/utils/theoretical_memory.h"
+#include "utils/write_probe.h"
+
+namespace bridge::training {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+ConfigContainer tiny_config() {
+  ConfigContainer config;
+  config.model.num_layers = 2;
+  config.model.hidden_size = 16;
+  config.model.num_attention_heads = 2;
+  config.model.vocab_size = 64;
+  config.model.seq_length = 8;
+  config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 4;
+  config.train.train_iters = 2;
+  config.train.num_threads = 1;
+  return config;
+}
+
+std::string validation_error(const std::function<void(ConfigContainer&)>& change) {
+  ConfigContainer config = tiny_config();
+  change(config);
+  try {
+    config.validate(1);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "<accepted>";
+}
+
+fs::path fresh_directory(const std::string& name) {
+  const fs::path directory =
+      fs::temp_directory_path() / ("bridge_preflight_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(directory);
+  fs::create_directories(directory);
+  return directory;
+}
+
+TEST(Validate, NonFiniteAndOutOfRangeFloatsNameTheKey) {
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.optimizer.adam_eps = kInf; }),
+              HasSubstr("optimizer.adam_eps must be in (0, 1)"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.model.layernorm_epsilon = kInf; }),
+              HasSubstr("model.layernorm_epsilon must be in (0, 1)"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.optimizer.lr = kInf; }), HasSubstr("optimizer.lr must be"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.optimizer.weight_decay = kInf; }),
+              HasSubstr("optimizer.weight_decay must be finite"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.model.init_method_std = kInf; }),
+              HasSubstr("model.init_method_std must be in (0, 1]"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.optimizer.clip_grad = std::nan(""); }),
+              HasSubstr("optimizer.clip_grad must be finite"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.train.exit_duration_in_mins = kInf; }),
+              HasSubstr("train.exit_duration_in_mins must be finite"));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.mixed_precision.initial_loss_scale = kInf; }),
+              HasSubstr("both finite"));
+  EXPECT_EQ(validation_error([](ConfigContainer&) {}), "<accepted>");
+}
+
+TEST(Validate, SizesThatOverflowNameEveryFactor) {
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.train.train_iters = kMax; }),
+              AllOf(HasSubstr("train.train_iters (" + std::to_string(kMax) + ") x train.global_batch_size (4)"),
+                    HasSubstr("overflows a 64-bit integer")));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.model.hidden_size = kMax - 1; }),
+              AllOf(HasSubstr("model.hidden_size"), HasSubstr("overflows")));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.model.seq_length = kMax; }),
+              AllOf(HasSubstr("model.seq_length"), HasSubstr("overflows")));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) {
+                c.train.micro_batch_size = kMax;
+                c.train.global_batch_size = kMax;
+                c.train.train_iters = 0;
+              }),
+              AllOf(HasSubstr("train.micro_batch_size"), HasSubstr("overflows")));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.scheduler.lr_warmup_iters = kMax / 2; }),
+              AllOf(HasSubstr("scheduler.lr_warmup_iters"), HasSubstr("overflows")));
+}
+
+TEST(Validate, ATimeoutTooShortForARendezvousIsRefusedWithTheReason) {
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.parallelism.timeout = std::chrono::milliseconds(100); }),
+              AllOf(HasSubstr("parallelism.timeout must be at least 5 s, got 100 ms"), HasSubstr("rendezvous")));
+  EXPECT_EQ(validation_error([](ConfigContainer& c) { c.parallelism.timeout = std::chrono::seconds(5); }),
+            "<accepted>");
+}
+
+TEST(ConfigFile, ADirectoryIsNotARecipe) {
+  const fs::path directory = fresh_directory("config_dir");
+  try {
+    load_config_yaml(directory);
+    ADD_FAILURE() << "a directory loaded as a recipe";
+  } catch (const ConfigError& error) {
+    EXPECT_THAT(error.what(), HasSubstr("is a directory; pass the YAML recipe itself"));
+  }
+  fs::remove_all(directory);
+}
+
+TEST(WriteProbe, RefusesPathsThatCannotBeWrittenAndLeavesNothing) {
+  const fs::path directory = fresh_directory("probe");
+  const fs::path file = directory / "a_file";
+  std::ofstream(file) << "x";
+  try {
+    bridge::utils::require_writable_directory(file / "ckpt", "checkpoint.save");
+    ADD_FAILURE() << "a path under a file was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), AllOf(HasSubstr("checkpoint.save"), HasSubstr("is a file, not a directory")));
+  }
+  // /proc refuses new entries even to root.
+  EXPECT_THROW(bridge::utils::require_writable_directory("/proc/bridge_checkpoints", "checkpoint.save"),
+               std::invalid_argument);
+  try {
+    bridge::utils::require_writable_file(directory, "logging.jsonl_path");
+    ADD_FAILURE() << "a directory was accepted as the JSONL file";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), AllOf(HasSubstr("logging.jsonl_path"), HasSubstr("is a directory")));
+  }
+  // A writable path that does not exist yet: accepted, and neither it nor a probe file is left behind.
+  bridge::utils::require_writable_directory(directory / "new" / "ckpt", "checkpoint.save");
+  bridge::utils::require_writable_file(directory / "metrics.jsonl", "logging.jsonl_path");
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(directory)) left.push_back(entry.path().filename().string());
+  EXPECT_THAT(left, ::testing::ElementsAre("a_file"));
+  fs::remove_all(directory);
+}
+
+TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
+  for (bool tied : {true, false}) {
+    ConfigContainer config = tiny_config();
+    config.model.share_embeddings_and_output_weights = tied;
+    config.model.ffn_hidden_size = 24;
+    int64_t built = 0;
+    auto callbacks = std::make_shared<CallbackManager>();
+    callbacks->register_callback(Event::kTrainStart, [&](CallbackContext& ctx) {
+      for (const auto& chunk : ctx.model) {
+        for (const torch::Tensor& param : chunk->parameters()) built += param.numel();
+      }
+    });
+    config.train.train_iters = 1;
+    pretrain(config, gpt_forward_step, callbacks);
+    EXPECT_EQ(training::utils::num_parameters(config.model, 1), static_cast<double>(built)) << "tied " << tied;
+    const training::utils::MemoryEstimate estimate = training::utils::estimate_memory(config, 1);
+    EXPECT_EQ(estimate.parameters, static_cast<double>(built));
+    EXPECT_EQ(estimate.weights, 4.0 * built);
+    EXPECT_EQ(estimate.optimizer, 8.0 * built);  // AdamW's two fp32 moments
+  }
+}
+
+// The preflight's error, checked to come before the first step.
+std::string preflight_error(ConfigContainer config, int* train_starts) {
+  auto callbacks = std::make_shared<CallbackManager>();
+  callbacks->register_callback(Event::kTrainStart, [train_starts](CallbackContext&) { ++*train_starts; });
+  try {
+    pretrain(config, gpt_forward_step, callbacks);
+  } catch (const PreflightError& error) {
+    EXPECT_EQ(error.source_rank(), 0);
+    return error.what();
+  }
+  return "<no error>";
+}
+
+TEST(Preflight, AModelThatCannotFitFailsBeforeAllocatingWithTheEstimateAndTheKeys) {
+  ConfigContainer config = tiny_config();
+  config.model.hidden_size = 1 << 20;  // hidden 1M: hundreds of terabytes
+  config.model.num_attention_heads = 16;
+  int starts = 0;
+  const auto begin = std::chrono::steady_clock::now();
+  EXPECT_THAT(preflight_error(config, &starts),
+              AllOf(HasSubstr("need an estimated"), HasSubstr("TiB (weights"), HasSubstr("host memory available"),
+                    HasSubstr("model.hidden_size"), HasSubstr("parallelism.tensor_model_parallel_size")));
+  EXPECT_EQ(starts, 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(), 10.0);
+
+  config = tiny_config();
+  config.model.num_layers = 100000;  // 100k layers of hidden 256: terabytes
+  config.model.hidden_size = 256;
+  EXPECT_THAT(preflight_error(config, &starts), AllOf(HasSubstr("need an estimated"), HasSubstr("model.num_layers")));
+  EXPECT_EQ(starts, 0);
+}
+
+TEST(Preflight, UnwritableOutputsFailBeforeTraining) {
+  const fs::path directory = fresh_directory("outputs");
+  std::ofstream(directory / "a_file") << "x";
+  int starts = 0;
+  ConfigContainer config = tiny_config();
+  config.checkpoint.save = (directory / "a_file" / "ckpt").string();
+  EXPECT_THAT(preflight_error(config, &starts), AllOf(HasSubstr("checkpoint.save"), HasSubstr("not a directory")));
+  config = tiny_config();
+  config.logging.tensorboard_dir = "/proc/bridge_tensorboard";
+  EXPECT_THAT(preflight_error(config, &starts), HasSubstr("logging.tensorboard_dir: cannot write in /proc"));
+  config = tiny_config();
+  config.logging.jsonl_path = directory.string();
+  EXPECT_THAT(preflight_error(config, &starts), AllOf(HasSubstr("logging.jsonl_path"), HasSubstr("is a directory")));
+  EXPECT_EQ(starts, 0);
+  fs::remove_all(directory);
+}
+
+TEST(Preflight, NumThreadsIsCappedAtTheCores) {
+  ConfigContainer config = tiny_config();
+  config.train.num_threads = 1000;
+  config.train.train_iters = 1;
+  int threads = 0;
+  auto callbacks = std::make_shared<CallbackManager>();
+  callbacks->register_callback(Event::kTrainStart, [&](CallbackContext&) { threads = torch::get_num_threads(); });
+  pretrain(config, gpt_forward_step, callbacks);
+  EXPECT_GE(threads, 1);
+  EXPECT_LE(threads, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+}  // namespace bridge::training

@@ -1,0 +1,93 @@
+// estimate_memory: the parameter count of the first and last pipeline stage from the model's shape, the bytes per
+// parameter of the precision and optimizer, and the activations of Megatron's theoretical memory report.
+#include "training/utils/theoretical_memory.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "parallel/tensor_parallel/vocab_utils.h"
+#include "training/config.h"
+
+namespace bridge::training::utils {
+
+double num_parameters(const models::GPTConfig& m, int tensor_model_parallel_size) {
+  const double vocab = static_cast<double>(parallel::tensor_parallel::vocab_size_with_padding(
+      m.vocab_size, m.make_vocab_size_divisible_by, tensor_model_parallel_size));
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_size());
+  const double per_layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h;
+  const double output = m.share_embeddings_and_output_weights ? 0 : vocab * h;
+  return vocab * h + static_cast<double>(m.seq_length) * h + static_cast<double>(m.num_layers) * per_layer + 2 * h +
+         output;
+}
+
+MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
+  const models::GPTConfig& m = config.model;
+  const double tp = config.parallelism.tensor_model_parallel_size;
+  const int pp = config.parallelism.pipeline_model_parallel_size;
+  const double h = static_cast<double>(m.hidden_size);
+  const double f = static_cast<double>(m.ffn_size());
+  const double s = static_cast<double>(m.seq_length);
+  const double b = static_cast<double>(config.train.micro_batch_size);
+  const double vocab = static_cast<double>(parallel::tensor_parallel::vocab_size_with_padding(
+      m.vocab_size, m.make_vocab_size_divisible_by, config.parallelism.tensor_model_parallel_size));
+  const double layers = static_cast<double>(m.num_layers) / pp;
+
+  // Per layer: QKV and projection (4h^2 + 4h), the MLP (2hf + f + h) split over tensor parallel; two LayerNorms.
+  const double per_layer = (4 * h * h + 4 * h + 2 * h * f + f + h) / tp + 4 * h;
+  const double embedding = vocab * h / tp;
+  const double first = embedding + s * h + layers * per_layer + (pp == 1 ? 2 * h : 0);
+  // The last stage holds the output layer, or a copy of the tied embedding when it is not also the first stage.
+  const bool own_output = !m.share_embeddings_and_output_weights || pp > 1;
+  const double last = layers * per_layer + 2 * h + (own_output ? embedding : 0) + (pp == 1 ? embedding + s * h : 0);
+
+  const MixedPrecisionConfig& mp = config.mixed_precision;
+  const double param_bytes = mp.enabled() ? 2 : 4;
+  const double grad_bytes = !mp.enabled() || mp.grad_reduce_in_fp32 ? 4 : 2;
+  double optimizer_bytes = config.optimizer.optimizer == "adam" ? 8 : (config.optimizer.sgd_momentum > 0 ? 4 : 0);
+  if (mp.enabled()) optimizer_bytes += 4;  // fp32 master weights
+
+  // 1F1B: the first stage keeps the activations of up to pp micro-batches (Megatron's report multiplies by pp).
+  const int64_t microbatches = config.num_microbatches(world_size);
+  const int64_t in_flight = std::max<int64_t>(1, std::min<int64_t>(pp, microbatches));
+  // Megatron's per-layer activations with selective recomputation, in bytes at 16 bits: s b h (18 + 4 f / h) / tp;
+  // twice that in fp32.
+  const double act_scale = mp.enabled() ? 1.0 : 2.0;
+  const double layer_activations = s * b * h * (18 + 4 * f / h) / tp * act_scale;
+  const double logits = s * b * vocab / tp * 4 * 2;  // fp32 logits and their gradient
+
+  const auto stage = [&](double params, double activations) {
+    MemoryEstimate estimate;
+    estimate.parameters = params;
+    estimate.weights = params * param_bytes;
+    estimate.gradients = params * grad_bytes;
+    estimate.optimizer = params * optimizer_bytes;
+    estimate.activations = activations;
+    estimate.microbatches_in_flight = in_flight;
+    return estimate;
+  };
+  const MemoryEstimate first_stage =
+      stage(first, layers * layer_activations * static_cast<double>(in_flight) + (pp == 1 ? logits : 0));
+  const MemoryEstimate last_stage = stage(last, layers * layer_activations + logits);
+  return first_stage.total() >= last_stage.total() ? first_stage : last_stage;
+}
+
+std::string format_bytes(double bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  std::size_t unit = 0;
+  while (bytes >= 1024 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[48];
+  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", bytes, kUnits[unit]);
+  return text;
+}
+
+std::string describe(const MemoryEstimate& estimate) {
+  return format_bytes(estimate.total()) + " (weights " + format_bytes(estimate.weights) + ", gradients " +
+         format_bytes(estimate.gradients) + ", optimizer " + format_bytes(estimate.optimizer) + ", activations " +
+         format_bytes(estimate.activations) + " for " + std::to_string(estimate.microbatches_in_flight) +
+         " micro-batch" + (estimate.microbatches_in_flight == 1 ? "" : "es") + " in flight)";
+}
+
+}  // namespace bridge::training::utils

@@ -1,0 +1,51 @@
+// Megatron's theoretical memory report for one rank: the weights, gradients and optimizer state of its model shard and
+// the activations its pipeline stage keeps for the micro-batches in flight. pretrain() compares it with the memory
+// the rank can have before allocating anything, so a model that cannot fit fails with the keys to change instead of
+// deep in the allocator.
+//
+//   const MemoryEstimate estimate = estimate_memory(config, world_size);
+//   logger().info("theoretical memory per rank: {}", describe(estimate));
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace bridge::models {
+struct GPTConfig;
+}
+namespace bridge::training {
+struct ConfigContainer;
+}
+
+namespace bridge::training::utils {
+
+/// Bytes one rank needs, for the most loaded pipeline stage (the first or the last). In doubles so that absurd sizes
+/// (hidden 1M, 100k layers) give an estimate rather than an overflow.
+struct MemoryEstimate {
+  double parameters = 0;   ///< this rank's parameter count
+  double weights = 0;      ///< the parameters in their dtype (bf16/fp16 or fp32)
+  double gradients = 0;    ///< the gradient buffer (fp32 with grad_reduce_in_fp32)
+  double optimizer = 0;    ///< Adam's two moments (or SGD's momentum) and, under mixed precision, fp32 master weights
+  double activations = 0;  ///< kept for backward: per layer, for every micro-batch in flight, and the logits
+  int64_t microbatches_in_flight = 1;
+
+  double total() const { return weights + gradients + optimizer + activations; }
+};
+
+/// Parameters of the whole model (Megatron's formula): the embeddings, per layer attention, MLP and two LayerNorms,
+/// the final LayerNorm, and the output layer when it is not tied; the vocabulary padded as for
+/// `tensor_model_parallel_size`.
+double num_parameters(const models::GPTConfig& model, int tensor_model_parallel_size);
+
+/// The estimate for a job of `world_size` ranks. The activations follow Megatron's formula (Korthikanti et al. 2022,
+/// with selective recomputation, which bridge does not do): a lower bound, so a run it rejects cannot fit.
+MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size);
+
+/// The estimate's parts: "3.2 GiB (weights 1.0 GiB, gradients 1.0 GiB, optimizer 1.0 GiB, activations 0.2 GiB for 4
+/// micro-batches in flight)".
+std::string describe(const MemoryEstimate& estimate);
+
+/// "1.5 GiB", "12.0 MiB", "3.1 PiB".
+std::string format_bytes(double bytes);
+
+}  // namespace bridge::training::utils
