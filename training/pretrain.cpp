@@ -67,10 +67,13 @@ class ParallelScope {
   void tear_down_on_exit() { tear_down_ = true; }
   ~ParallelScope() {
     if (tear_down_ && parallel::is_distributed_initialized()) {
-      bridge::utils::logger().error(
-          "rank {}: pretrain() failed on this rank: releasing the process groups so the other ranks stop now (call "
-          "init_distributed() again before another run in this process)",
-          parallel::get_rank());
+      // Said only where it matters: the caller's world of several ranks (pretrain()'s own goes anyway).
+      if (!owns_world_ && parallel::get_world_size() > 1) {
+        bridge::utils::logger().error(
+            "rank {}: pretrain() failed on this rank: releasing the process groups so the other ranks stop now (call "
+            "init_distributed() again before another run in this process)",
+            parallel::get_rank());
+      }
       parallel::destroy_distributed();  // the model-parallel groups first, then the world
       return;
     }
