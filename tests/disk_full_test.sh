@@ -49,6 +49,15 @@ check "the tracker still names iteration 2" test "$(cat "$work/disk/ckpt/latest_
 check "iteration 2 is complete" test -f "$work/disk/ckpt/iter_0000002/common.pt"
 check "no temporary file is left" test -z "$(find "$work/disk" -name '*.tmp')"
 
+# A disk too small for even one checkpoint: refused before training, exit 2, nothing written.
+mkdir "$work/tiny"
+mount -t tmpfs -o size=2m tmpfs "$work/tiny"
+status=0
+"$program" "${common[@]}" train.train_iters=4 checkpoint.save="$work/tiny/ckpt" >"$work/tiny.log" 2>&1 || status=$?
+umount "$work/tiny"
+check "a disk without room for one checkpoint exits 2 before training (exit $status)" test "$status" -eq 2
+check "it says how much one checkpoint needs" grep -q "checkpoint.save: one checkpoint needs about" "$work/tiny.log"
+
 cp -r "$work/disk/ckpt" "$work/roomy"
 status=0
 "$program" "${common[@]}" train.train_iters=4 checkpoint.save="$work/roomy" >"$work/resume.log" 2>&1 || status=$?

@@ -139,18 +139,17 @@ void remove_interrupted_saves(const fs::path& root) {
       remove_leftover(directory, "an interrupted save (no " + std::string(kCommon) + ")");
     } else if (complete && tracked && iteration > *tracked) {
       remove_leftover(directory, "a save interrupted before " + std::string(kTracker) + " named it");
+    } else {
+      // A kept checkpoint: only its temporary files go (nothing else under checkpoint.save is bridge's to remove).
+      error.clear();
+      for (auto it = fs::recursive_directory_iterator(directory, error);
+           !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+        if (it->is_regular_file() && it->path().extension() == ".tmp") remove_leftover(it->path(), "a write cut short");
+      }
     }
   }
-  // Only in what bridge writes: the tracker's temporary file and the kept iteration directories.
   const fs::path tracker_tmp = root / (std::string(kTracker) + ".tmp");
   if (fs::exists(fs::symlink_status(tracker_tmp, error))) remove_leftover(tracker_tmp, "a write cut short");
-  for (const auto& [iteration, complete] : checkpoint_iterations(root)) {
-    const fs::path directory = root / checkpoint_directory_name(iteration);
-    for (auto it = fs::recursive_directory_iterator(directory, error);
-         !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
-      if (it->is_regular_file() && it->path().extension() == ".tmp") remove_leftover(it->path(), "a write cut short");
-    }
-  }
 }
 
 }  // namespace
