@@ -14,6 +14,7 @@
 
 #include "training/datasets/indexed_dataset.h"
 #include "training/datasets/tokenizer.h"
+#include "utils/logging.h"
 
 namespace bridge::tools {
 namespace {
@@ -157,25 +158,64 @@ fs::path default_data_dir() {
   return fs::current_path() / "bridge-data";
 }
 
+namespace {
+
+// The corpus as the builder stores it: each fable byte-tokenized, with Megatron's --append-eod.
+std::vector<std::vector<int64_t>> tiny_corpus_tokens(const training::datasets::ByteLevelTokenizer& tokenizer) {
+  std::vector<std::vector<int64_t>> documents;
+  for (const std::string& document : tiny_corpus_documents()) {
+    documents.push_back(tokenizer.encode(document));
+    documents.back().push_back(tokenizer.eod());
+  }
+  return documents;
+}
+
+// Why the prepared files at `prefix` are not the corpus, or empty when they are (every token compared: 0.6 M).
+std::string damage_of(const std::string& prefix, const std::vector<std::vector<int64_t>>& expected) {
+  try {
+    const training::datasets::IndexedDataset dataset(prefix);
+    if (dataset.size() != static_cast<int64_t>(expected.size())) {
+      return "it has " + std::to_string(dataset.size()) + " documents instead of " + std::to_string(expected.size());
+    }
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      if (dataset.get(static_cast<int64_t>(i)) != expected[i]) return "document " + std::to_string(i) + " differs";
+    }
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
 std::string prepare_tiny_corpus(const fs::path& dir) {
   const std::string prefix =
       (dir / (std::string(kTinyCorpusName) + "_" + std::string(kVersion) + "_text_document")).string();
-  // finalize() renames the .bin before the .idx, so a present .idx means a complete dataset.
-  if (fs::exists(prefix + ".idx")) return prefix;
+  const training::datasets::ByteLevelTokenizer tokenizer;
+  const std::vector<std::vector<int64_t>> documents = tiny_corpus_tokens(tokenizer);
+  // finalize() renames the .bin before the .idx, so a present .idx means a complete dataset, unless something
+  // changed it since: the files are checked against the corpus and written again when they differ.
   std::error_code error;
+  if (fs::exists(prefix + ".idx", error)) {
+    const std::string damage = damage_of(prefix, documents);
+    if (damage.empty()) return prefix;
+    bridge::utils::logger().warn("the prepared embedded corpus {}.bin/.idx is damaged ({}); writing it again", prefix,
+                                 damage);
+  }
   fs::create_directories(dir, error);
   if (error) {
     throw std::runtime_error("cannot create the data folder " + dir.string() + ": " + error.message() +
                              " (set XDG_CACHE_HOME to a writable folder)");
   }
-  const training::datasets::ByteLevelTokenizer tokenizer;
-  training::datasets::IndexedDatasetBuilder builder(prefix, training::datasets::optimal_dtype(tokenizer.vocab_size()));
-  for (const std::string& document : tiny_corpus_documents()) {
-    std::vector<int64_t> tokens = tokenizer.encode(document);
-    tokens.push_back(tokenizer.eod());  // Megatron's --append-eod
-    builder.add_document(tokens);
+  try {
+    training::datasets::IndexedDatasetBuilder builder(prefix,
+                                                      training::datasets::optimal_dtype(tokenizer.vocab_size()));
+    for (const std::vector<int64_t>& tokens : documents) builder.add_document(tokens);
+    builder.finalize();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(e.what()) + "; the embedded corpus is prepared in " + dir.string() +
+                             " (set XDG_CACHE_HOME to another folder)");
   }
-  builder.finalize();
   return prefix;
 }
 

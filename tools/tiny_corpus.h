@@ -24,7 +24,8 @@ std::vector<std::string> tiny_corpus_documents();
 std::filesystem::path default_data_dir();
 
 /// Writes the corpus, byte-level tokenized with an end-of-document token after each fable, as
-/// `<dir>/tiny_fables_v1_text_document.{bin,idx}` unless it is already there, and returns that prefix. Safe when
+/// `<dir>/tiny_fables_v1_text_document.{bin,idx}` unless it is already there, and returns that prefix. Files already
+/// there are compared with the corpus token by token and written again (with a warning) when they differ. Safe when
 /// several ranks call it at once: each writes private temporaries and renames them into place.
 std::string prepare_tiny_corpus(const std::filesystem::path& dir);
 

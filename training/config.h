@@ -84,6 +84,10 @@ struct DatasetConfig {
   std::string split = "969,30,1";
   /// Where the sample indices are cached; empty = <prefix's folder>/cache/GPTDataset_indices.
   std::string path_to_cache;
+  /// Check at startup that every token id of data_path is below model.vocab_size (one read of the .bin files);
+  /// null = only when they total at most kValidateTokensAutoBytes.
+  std::optional<bool> validate_tokens;
+  static constexpr uint64_t kValidateTokensAutoBytes = uint64_t{4} << 30;
   /// Builds the train/valid/test datasets from code; overrides data_path.
   std::function<GPTDatasets(const ConfigContainer&)> provider;
 };

@@ -362,6 +362,9 @@ const std::vector<Field>& fields() {
             "Train/validation/test proportions over the documents, e.g. \"969,30,1\"."),
       field("dataset.path_to_cache", &C::dataset, &DatasetConfig::path_to_cache,
             "Where the sample indices are cached; empty = <prefix's folder>/cache/GPTDataset_indices."),
+      field("dataset.validate_tokens", &C::dataset, &DatasetConfig::validate_tokens,
+            "Check at startup that every token id is below model.vocab_size (reads the data once); null = when the "
+            "data is at most 4 GiB."),
 
       field("logging.log_interval", &C::logging, &LoggingConfig::log_interval,
             "Print the training log line every this many steps."),

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
@@ -103,6 +104,32 @@ TEST_F(Cli, AloneTrainsAFewStepsAndEndsWithASummaryOfThem) {
   const RankResult again = run(quick());
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(logged_losses(again.output), losses);
+  EXPECT_THAT(again.output, ::testing::Not(HasSubstr("damaged")));
+
+  // A damaged corpus is written again: an in-range token changed in the .bin (which would train silently on other
+  // text), then a truncated .idx (which would stop the run).
+  const fs::path prefix = cache_ / "bridge" / "tiny_fables_v1_text_document";
+  const auto read = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const auto write = [](const fs::path& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  const std::string bin = read(prefix.string() + ".bin"), idx = read(prefix.string() + ".idx");
+  std::string flipped = bin;
+  flipped[1000] ^= 1;  // a byte-level token stays below the vocabulary
+  write(prefix.string() + ".bin", flipped);
+  const RankResult repaired = run(quick());
+  ASSERT_EQ(repaired.exit_code, 0) << repaired.output;
+  EXPECT_THAT(repaired.output, AllOf(HasSubstr("is damaged (document"), HasSubstr("writing it again")));
+  EXPECT_EQ(logged_losses(repaired.output), losses);
+  EXPECT_EQ(read(prefix.string() + ".bin"), bin);
+  write(prefix.string() + ".idx", idx.substr(0, 20));
+  const RankResult truncated = run(quick());
+  ASSERT_EQ(truncated.exit_code, 0) << truncated.output;
+  EXPECT_THAT(truncated.output, AllOf(HasSubstr("at least 34 bytes"), HasSubstr("writing it again")));
+  EXPECT_EQ(read(prefix.string() + ".idx"), idx);
 }
 
 // The embedded default, shortened: the tiny recipe's model and data learn (the README's promise).

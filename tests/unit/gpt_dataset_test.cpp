@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -269,8 +271,18 @@ TEST(IndexedGPTDatasetTest, CacheIsWrittenReusedAndRebuiltWhenDamaged) {
 
   // Damaged cache files are rebuilt (and rewritten), never trusted.
   const std::string shuffle = read_bytes(prefix + "shuffle_index.npy");
-  for (const std::string damage : {"garbage", "truncate", "out_of_range"}) {
+  // The digests are md5sum's lines, one per file.
+  EXPECT_THAT(
+      read_bytes(prefix + "indices.md5"),
+      HasSubstr(md5_hex(shuffle) + "  " + testing::fs::path(prefix + "shuffle_index.npy").filename().string() + "\n"));
+  for (const std::string damage : {"garbage", "truncate", "out_of_range", "in_range", "no_digests"}) {
     SCOPED_TRACE(damage);
+    if (damage == "in_range") {  // two samples swapped: a valid permutation, only the digest can tell
+      std::vector<int64_t> values = load_npy(prefix + "shuffle_index.npy").values;
+      std::swap(values[0], values[1]);
+      save_npy(prefix + "shuffle_index.npy", NpyType::kUInt32, {static_cast<int64_t>(values.size())}, values);
+    }
+    if (damage == "no_digests") testing::fs::remove(prefix + "indices.md5");
     if (damage == "garbage") write_bytes(prefix + "shuffle_index.npy", "not numpy at all");
     if (damage == "truncate") write_bytes(prefix + "shuffle_index.npy", shuffle.substr(0, shuffle.size() - 4));
     if (damage == "out_of_range") {
@@ -340,7 +352,7 @@ TEST(IndexedGPTDatasetTest, ConcurrentBuildersAgree) {
     EXPECT_THAT(entry.path().string(), ::testing::Not(HasSubstr(".tmp"))) << entry.path();
     ++files;
   }
-  EXPECT_EQ(files, 4);
+  EXPECT_EQ(files, 5);  // three .npy, their digests and the description
 }
 
 ConfigContainer data_config(const ScratchDir& dir) {
@@ -426,9 +438,33 @@ TEST(BuildGPTDatasetsTest, ConfigErrorsNameTheField) {
   config.dataset.data_path = {dir / "absent"};
   EXPECT_THROW(build_gpt_datasets(config), std::runtime_error);
 
-  // Token ids the model cannot embed are an error when sampled, naming model.vocab_size.
+  // Token ids the model cannot embed are found at startup (dataset.validate_tokens, on by default for small data),
+  // naming the first one's document; document 1 starts with 1009 (known_document).
   config = data_config(dir);
   config.model.vocab_size = 1000;
+  EXPECT_THAT([&] { build_gpt_datasets(config); },
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  ::testing::AllOf(HasSubstr("token id 1009 (document 1, sequence 1, token 0)"),
+                                   HasSubstr("model.vocab_size = 1000"), HasSubstr("dataset.validate_tokens=false"))));
+  config.model.vocab_size = 65536;
+  EXPECT_NO_THROW(build_gpt_datasets(config));
+  // Negative ids (a signed dtype) are as wrong as large ones.
+  write_reference_dataset(dir / "signed", "int32", 20);
+  {
+    std::string bin = read_bytes(dir / "signed.bin");
+    const int32_t negative = -5;
+    std::memcpy(bin.data() + 4 * 3, &negative, 4);  // token 3 of the file: document 0 has one token
+    write_bytes(dir / "signed.bin", bin);
+  }
+  config.dataset.data_path = {dir / "signed"};
+  config.model.vocab_size = std::numeric_limits<int32_t>::max();
+  EXPECT_THAT([&] { build_gpt_datasets(config); }, ::testing::ThrowsMessage<std::invalid_argument>(
+                                                       HasSubstr("token id -5 (document 1, sequence 1, token 2)")));
+
+  // Unchecked (dataset.validate_tokens=false), they are an error when sampled, naming model.vocab_size.
+  config = data_config(dir);
+  config.model.vocab_size = 1000;
+  config.dataset.validate_tokens = false;
   const GPTDatasets datasets = build_gpt_datasets(config);
   try {
     for (int64_t i = 0; i < datasets.train->size(); ++i) datasets.train->sample(i);

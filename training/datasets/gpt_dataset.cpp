@@ -43,6 +43,11 @@ std::string lengths_digest(const IndexedDataset& dataset) {
   return md5_hex(std::string_view(reinterpret_cast<const char*>(lengths.data()), lengths.size() * sizeof(int32_t)));
 }
 
+// The cache's MD5 digests of its .npy files, next to them.
+constexpr const char* kDigestsName = "indices.md5";
+
+std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
+
 std::string default_cache_dir(const std::string& path_prefix) {
   const std::filesystem::path folder = std::filesystem::path(path_prefix).parent_path();
   return (folder / "cache" / "GPTDataset_indices").string();
@@ -324,14 +329,12 @@ torch::Tensor IndexedGPTDataset::sample(int64_t index) const {
 
 bool IndexedGPTDataset::load_cache() {
   const std::string description_path = cache_path_prefix_ + "description.txt";
-  const std::array<std::string, 3> paths = {cache_path_prefix_ + "document_index.npy",
-                                            cache_path_prefix_ + "sample_index.npy",
-                                            cache_path_prefix_ + "shuffle_index.npy"};
+  const std::string digests_path = cache_path_prefix_ + kDigestsName;
+  const std::array<std::string, 3> names = {"document_index.npy", "sample_index.npy", "shuffle_index.npy"};
+  std::array<std::string, 3> paths;
+  for (std::size_t i = 0; i < 3; ++i) paths[i] = cache_path_prefix_ + names[i];
   std::error_code error;
   if (!std::filesystem::is_regular_file(description_path, error)) return false;
-  for (const auto& path : paths) {
-    if (!std::filesystem::is_regular_file(path, error)) return false;
-  }
   const auto reject = [&](const std::string& why) {
     bridge::utils::logger().warn("the cached GPTDataset {} indices {}* are unusable ({}); rebuilding them",
                                  split_name(split_), cache_path_prefix_, why);
@@ -341,13 +344,22 @@ bool IndexedGPTDataset::load_cache() {
     return false;
   };
   try {
-    std::ifstream in(description_path, std::ios::binary);
-    const std::string cached((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cached = read_file_bytes(description_path);
     if (cached != description_) return reject(description_path + " describes another dataset");
-
-    NpyArray document = load_npy(paths[0]);
-    NpyArray samples = load_npy(paths[1]);
-    NpyArray shuffle = load_npy(paths[2]);
+    // Values can be damaged in range (a flipped bit that still names a valid sample): the digests written with the
+    // files catch what the range checks below cannot.
+    const std::string digests = read_file_bytes(digests_path);
+    std::array<std::string, 3> bytes;
+    for (std::size_t i = 0; i < 3; ++i) {
+      bytes[i] = read_file_bytes(paths[i]);
+      const std::string line = md5_hex(bytes[i]) + "  " + file_name(paths[i]) + "\n";
+      if (digests.find(line) == std::string::npos) {
+        return reject(paths[i] + " does not match its MD5 in " + digests_path + " (changed after it was written)");
+      }
+    }
+    NpyArray document = parse_npy(bytes[0], paths[0]);
+    NpyArray samples = parse_npy(bytes[1], paths[1]);
+    NpyArray shuffle = parse_npy(bytes[2], paths[2]);
     // The indices must be exactly what this description builds: shapes from the epoch arithmetic, every value in
     // range, so a damaged cache cannot make sample() read outside the dataset.
     const int64_t expected_documents = num_epochs_ * range_.size();
@@ -406,11 +418,19 @@ void IndexedGPTDataset::save_cache() const {
       size() >= static_cast<int64_t>(std::numeric_limits<uint32_t>::max()) - 1 ? NpyType::kInt64 : NpyType::kUInt32;
 
   // Every rank may build the same dataset at once; each file is written to a temporary name and renamed, so a
-  // reader sees a whole file, and the description (which marks the set complete) comes last.
-  save_npy(cache_path_prefix_ + "document_index.npy", NpyType::kInt32, {static_cast<int64_t>(document_index_.size())},
-           document_index_);
-  save_npy(cache_path_prefix_ + "sample_index.npy", sample_type, {size() + 1, 2}, sample_index_);
-  save_npy(cache_path_prefix_ + "shuffle_index.npy", shuffle_type, {size()}, shuffle_index_);
+  // reader sees a whole file, and the description (which marks the set complete) comes last. The digests are in
+  // md5sum's format: `md5sum -c` checks the cache by hand.
+  std::string digests;
+  const auto save = [&](const std::string& name, NpyType type, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& values) {
+    const std::string bytes = npy_bytes(type, shape, values, cache_path_prefix_ + name);
+    write_file_atomically(cache_path_prefix_ + name, bytes);
+    digests += md5_hex(bytes) + "  " + file_name(cache_path_prefix_ + name) + "\n";
+  };
+  save("document_index.npy", NpyType::kInt32, {static_cast<int64_t>(document_index_.size())}, document_index_);
+  save("sample_index.npy", sample_type, {size() + 1, 2}, sample_index_);
+  save("shuffle_index.npy", shuffle_type, {size()}, shuffle_index_);
+  write_file_atomically(cache_path_prefix_ + kDigestsName, digests);
   write_file_atomically(cache_path_prefix_ + "description.txt", description_);
 }
 
@@ -445,6 +465,23 @@ training::GPTDatasets build_gpt_datasets(const ConfigContainer& config) {
     prefix.resize(prefix.size() - 4);  // a file name instead of the prefix is an easy slip
   }
   auto indexed = std::make_shared<const IndexedDataset>(prefix);
+  const bool validate =
+      config.dataset.validate_tokens.value_or(indexed->num_bytes() <= DatasetConfig::kValidateTokensAutoBytes);
+  if (validate && config.model.vocab_size > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    if (const std::optional<TokenLocation> bad = indexed->find_token_outside(config.model.vocab_size)) {
+      throw std::invalid_argument(
+          "dataset.data_path: " + prefix + " holds token id " + std::to_string(bad->value) + " (document " +
+          std::to_string(bad->document) + ", sequence " + std::to_string(bad->sequence) + ", token " +
+          std::to_string(bad->position) +
+          "), which is not in [0, model.vocab_size = " + std::to_string(config.model.vocab_size) +
+          "); set model.vocab_size to the tokenizer's vocabulary size, or preprocess the data with the model's "
+          "tokenizer (dataset.validate_tokens=false skips this check)");
+    }
+    bridge::utils::logger().info("checked the {} tokens of {}: every id is below model.vocab_size, {:.3f} s",
+                                 tokens_in(*indexed, {0, indexed->size()}), prefix,
+                                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   const std::array<SequenceRange, 3> ranges = split_ranges(parse_split(config.dataset.split), indexed->size());
   const std::array<int64_t, 3> num_samples = train_valid_test_num_samples(config);
 

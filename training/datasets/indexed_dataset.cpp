@@ -1,16 +1,16 @@
 // Megatron indexed dataset reader (memory-mapped, validated) and builder.
 #include "training/datasets/indexed_dataset.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <utility>
+
+#include "utils/mapped_file.h"
 
 namespace bridge::training::datasets {
 namespace {
@@ -23,54 +23,15 @@ constexpr std::size_t kHeaderSize = kMagicSize + 8 + 1 + 8 + 8;  // 34: the arra
 
 std::string errno_text() { return std::strerror(errno); }
 
-// A read-only mapping of a whole file, unmapped on destruction unless released. Empty files map to nothing.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      throw std::runtime_error("indexed dataset: cannot open " + path + ": " + errno_text() +
-                               " (a dataset is the pair <prefix>.bin and <prefix>.idx; check dataset.data_path)");
-    }
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const std::string error = errno_text();
-      ::close(fd);
-      throw std::runtime_error("indexed dataset: cannot stat " + path + ": " + error);
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* data = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-      if (data == MAP_FAILED) {
-        const std::string error = errno_text();
-        ::close(fd);
-        throw std::runtime_error("indexed dataset: cannot memory-map " + path + ": " + error);
-      }
-      data_ = static_cast<const unsigned char*>(data);
-    }
-    ::close(fd);  // the mapping stays valid without the descriptor
+// Maps one of a dataset's files; a missing file is most often a wrong dataset.data_path.
+std::unique_ptr<const bridge::utils::MappedFile> map_file(const std::string& path) {
+  try {
+    return std::make_unique<const bridge::utils::MappedFile>(path);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("indexed dataset: ") + e.what() +
+                             " (a dataset is the pair <prefix>.bin and <prefix>.idx; check dataset.data_path)");
   }
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const unsigned char* data() const { return data_; }
-  std::size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-  /// Gives up ownership of the mapping.
-  const unsigned char* release() {
-    const unsigned char* data = data_;
-    data_ = nullptr;
-    return data;
-  }
-
- private:
-  std::string path_;
-  const unsigned char* data_ = nullptr;
-  std::size_t size_ = 0;
-};
+}
 
 template <class T>
 T load(const unsigned char* at) {
@@ -89,6 +50,22 @@ std::vector<T> load_array(const unsigned char* at, uint64_t count) {
 [[noreturn]] void corrupt(const std::string& path, const std::string& what) {
   throw std::runtime_error("indexed dataset: " + path + " is damaged or not a Megatron .idx file: " + what +
                            "; rebuild it with bridge-preprocess-data (or Megatron's tools/preprocess_data.py)");
+}
+
+// ", which fits <name> tokens (the dtype code at byte 17 is damaged?)" when `bytes` is exactly `tokens` elements of
+// another width than `item`; empty otherwise.
+std::string other_dtype_hint(uint64_t bytes, uint64_t tokens, uint64_t item) {
+  if (tokens == 0 || bytes % tokens != 0 || bytes / tokens == item) return "";
+  switch (bytes / tokens) {
+    case 1:
+    case 2:
+    case 4:
+    case 8:
+      return " (" + std::to_string(bytes) + " bytes would be " + std::to_string(bytes / tokens) +
+             "-byte tokens: is the dtype code at byte 17 damaged, or were the files written with another dtype?)";
+    default:
+      return "";
+  }
 }
 
 bool is_valid_code(uint8_t code) { return code >= 1 && code <= 8; }
@@ -201,9 +178,9 @@ DType optimal_dtype(int64_t vocab_size) {
 
 IndexedDataset::IndexedDataset(std::string path_prefix) : path_prefix_(std::move(path_prefix)) {
   const std::string idx_path = path_prefix_ + ".idx";
-  const MappedFile idx(idx_path);
-  const unsigned char* p = idx.data();
-  const uint64_t idx_size = idx.size();
+  const std::unique_ptr<const bridge::utils::MappedFile> idx = map_file(idx_path);
+  const unsigned char* p = idx->data();
+  const uint64_t idx_size = idx->size();
   const auto expect_size = [&](const char* field, uint64_t needed) {
     if (idx_size < needed) {
       corrupt(idx_path, std::string(field) + " needs the file to hold at least " + std::to_string(needed) +
@@ -254,20 +231,39 @@ IndexedDataset::IndexedDataset(std::string path_prefix) : path_prefix_(std::move
   sequence_pointers_ = load_array<int64_t>(p + kHeaderSize + 4 * sequence_count, sequence_count);
   document_indices_ = load_array<int64_t>(p + kHeaderSize + 12 * sequence_count, document_count);
 
-  MappedFile bin(path_prefix_ + ".bin");
+  bin_ = map_file(path_prefix_ + ".bin");
+  const uint64_t bin_size = bin_->size();
   const auto item = static_cast<uint64_t>(dtype_size(dtype_));
+  // Megatron writes the sequences back to back: each pointer is the bytes of the sequences before it, and the .bin
+  // ends with the last one. Holding the files to exactly that catches a flipped bit in any length or pointer and a
+  // dtype code that does not match the .bin, which would otherwise train on in-range garbage.
+  uint64_t tokens_before = 0;
   for (std::size_t i = 0; i < sequence_lengths_.size(); ++i) {
     const int32_t length = sequence_lengths_[i];
     const int64_t pointer = sequence_pointers_[i];
     if (length < 0) corrupt(idx_path, "sequence_lengths[" + std::to_string(i) + "] is " + std::to_string(length));
-    if (pointer < 0 || static_cast<uint64_t>(pointer) > bin.size() ||
-        static_cast<uint64_t>(length) * item > bin.size() - static_cast<uint64_t>(pointer)) {
+    if (pointer < 0 || static_cast<uint64_t>(pointer) > bin_size ||
+        static_cast<uint64_t>(length) * item > bin_size - static_cast<uint64_t>(pointer)) {
       const uint64_t end = static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * item;
       throw std::runtime_error("indexed dataset: sequence " + std::to_string(i) + " of " + idx_path + " spans bytes [" +
                                std::to_string(pointer) + ", " + (pointer < 0 ? std::string("?") : std::to_string(end)) +
-                               ") of " + bin.path() + ", which has " + std::to_string(bin.size()) +
+                               ") of " + bin_->path() + ", which has " + std::to_string(bin_size) +
                                " bytes (truncated .bin, or .bin and .idx from different runs?); rebuild the dataset");
     }
+    if (static_cast<uint64_t>(pointer) != tokens_before * item) {
+      corrupt(idx_path, "sequence_pointers[" + std::to_string(i) + "] is " + std::to_string(pointer) +
+                            ", but the sequences before it hold " + std::to_string(tokens_before) +
+                            " tokens = " + std::to_string(tokens_before * item) + " bytes of " + dtype_name(dtype_) +
+                            other_dtype_hint(static_cast<uint64_t>(pointer), tokens_before, item) +
+                            " (a damaged sequence length or pointer)");
+    }
+    tokens_before += static_cast<uint64_t>(length);
+  }
+  if (tokens_before * item != bin_size) {
+    corrupt(idx_path, "its sequences hold " + std::to_string(tokens_before) +
+                          " tokens = " + std::to_string(tokens_before * item) + " bytes of " + dtype_name(dtype_) +
+                          ", but " + bin_->path() + " has " + std::to_string(bin_size) + " bytes" +
+                          other_dtype_hint(bin_size, tokens_before, item));
   }
   const auto n = static_cast<int64_t>(sequence_count);
   if (document_indices_.front() != 0) {
@@ -280,13 +276,9 @@ IndexedDataset::IndexedDataset(std::string path_prefix) : path_prefix_(std::move
                             "]");
     }
   }
-  bin_size_ = bin.size();
-  bin_ = bin.release();
 }
 
-IndexedDataset::~IndexedDataset() {
-  if (bin_ != nullptr) ::munmap(const_cast<unsigned char*>(bin_), bin_size_);
-}
+IndexedDataset::~IndexedDataset() = default;
 
 int64_t IndexedDataset::read(int64_t index, int64_t offset, int64_t length, int64_t* out) const {
   if (index < 0 || index >= size()) {
@@ -302,8 +294,39 @@ int64_t IndexedDataset::read(int64_t index, int64_t offset, int64_t length, int6
   const std::size_t item = dtype_size(dtype_);
   const auto start = static_cast<std::size_t>(sequence_pointers_[static_cast<std::size_t>(index)]) +
                      static_cast<std::size_t>(offset) * item;
-  if (length > 0) convert(dtype_, bin_ + start, length, out);
+  if (length > 0) convert(dtype_, bin_->data() + start, length, out);
   return length;
+}
+
+std::size_t IndexedDataset::num_bytes() const { return bin_->size(); }
+
+std::optional<TokenLocation> IndexedDataset::find_token_outside(int64_t limit) const {
+  // Chunks converted to int64 and reduced to their minimum and maximum (both loops vectorize); a chunk is searched
+  // token by token only when it holds a bad one.
+  constexpr int64_t kChunk = 4096;
+  std::vector<int64_t> buffer(kChunk);
+  const auto item = static_cast<int64_t>(dtype_size(dtype_));
+  for (int64_t s = 0; s < size(); ++s) {
+    const int64_t length = sequence_lengths_[static_cast<std::size_t>(s)];
+    const unsigned char* at = bin_->data() + sequence_pointers_[static_cast<std::size_t>(s)];
+    for (int64_t begin = 0; begin < length; begin += kChunk) {
+      const int64_t count = std::min(kChunk, length - begin);
+      convert(dtype_, at + begin * item, count, buffer.data());
+      int64_t lowest = buffer[0], highest = buffer[0];
+      for (int64_t i = 1; i < count; ++i) {
+        lowest = std::min(lowest, buffer[static_cast<std::size_t>(i)]);
+        highest = std::max(highest, buffer[static_cast<std::size_t>(i)]);
+      }
+      if (lowest >= 0 && highest < limit) continue;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t value = buffer[static_cast<std::size_t>(i)];
+        if (value >= 0 && value < limit) continue;
+        const auto after = std::upper_bound(document_indices_.begin(), document_indices_.end(), s);
+        return TokenLocation{s, static_cast<int64_t>(after - document_indices_.begin()) - 1, begin + i, value};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 std::vector<int64_t> IndexedDataset::get(int64_t index, int64_t offset, int64_t length) const {

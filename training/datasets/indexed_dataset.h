@@ -16,8 +16,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+namespace bridge::utils {
+class MappedFile;
+}
 
 namespace bridge::training::datasets {
 
@@ -40,11 +46,18 @@ std::string dtype_name(DType dtype);
 /// Megatron's DType.optimal_dtype: uint16 when every id fits (vocab_size < 65500), else int32.
 DType optimal_dtype(int64_t vocab_size);
 
+/// Where a token was found: sequence `sequence` (of document `document`), token `position` of it, and its value.
+struct TokenLocation {
+  int64_t sequence = 0, document = 0, position = 0, value = 0;
+};
+
 /// A read-only, memory-mapped Megatron indexed dataset of `size()` token sequences.
 ///
 /// The constructor validates the .idx header and arrays against both files' sizes (magic, version, dtype code,
-/// counts, every sequence inside the .bin, monotonic document indices) and throws std::runtime_error naming the file,
-/// the field, and the expected versus actual value, so damaged files are errors and never out-of-bounds reads.
+/// counts, pointers that are the running sum of the lengths, a .bin of exactly the tokens the lengths and dtype give,
+/// monotonic document indices) and throws std::runtime_error naming the file, the field, and the expected versus
+/// actual value, so damaged files are errors and never out-of-bounds reads. A .bin that shrinks after opening is
+/// reported by name when read (utils::MappedFile's SIGBUS handler).
 /// Multimodal files (a trailing sequence_modes array) are accepted; the modes are ignored.
 class IndexedDataset {
  public:
@@ -73,14 +86,19 @@ class IndexedDataset {
   /// get() into caller memory: writes `length` (>= 0) tokens to `out` and returns the number written.
   int64_t read(int64_t index, int64_t offset, int64_t length, int64_t* out) const;
 
+  /// Bytes of token data (the .bin's size).
+  std::size_t num_bytes() const;
+  /// The first token, in file order, that is negative or not below `limit`; nullopt when every token is in
+  /// [0, limit). Reads the whole .bin once, in order (about 1 s per GB from the page cache).
+  std::optional<TokenLocation> find_token_outside(int64_t limit) const;
+
  private:
   std::string path_prefix_;
   DType dtype_ = DType::kUInt8;
   std::vector<int32_t> sequence_lengths_;
   std::vector<int64_t> sequence_pointers_;
   std::vector<int64_t> document_indices_;
-  const unsigned char* bin_ = nullptr;  ///< the mapped .bin; null when it is empty
-  std::size_t bin_size_ = 0;
+  std::unique_ptr<const bridge::utils::MappedFile> bin_;
 };
 
 /// Writes a Megatron indexed dataset, byte-identical to Megatron-Core's IndexedDatasetBuilder: tokens go to a

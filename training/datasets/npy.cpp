@@ -64,8 +64,8 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   }
 }
 
-void save_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape,
-              const std::vector<int64_t>& values) {
+std::string npy_bytes(NpyType type, const std::vector<int64_t>& shape, const std::vector<int64_t>& values,
+                      const std::string& path) {
   int64_t count = 1;
   for (const int64_t dim : shape) count *= dim;
   if (count != static_cast<int64_t>(values.size())) {
@@ -116,16 +116,26 @@ void save_npy(const std::string& path, NpyType type, const std::vector<int64_t>&
     }
   }
 
-  write_file_atomically(path, bytes);
+  return bytes;
 }
 
-NpyArray load_npy(const std::string& path) {
+void save_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape,
+              const std::vector<int64_t>& values) {
+  write_file_atomically(path, npy_bytes(type, shape, values, path));
+}
+
+std::string read_file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("npy: cannot open " + path + ": " + std::strerror(errno));
   std::ostringstream buffer;
   buffer << in.rdbuf();
-  const std::string bytes = buffer.str();
+  if (in.bad()) throw std::runtime_error("npy: reading " + path + " failed");
+  return buffer.str();
+}
 
+NpyArray load_npy(const std::string& path) { return parse_npy(read_file_bytes(path), path); }
+
+NpyArray parse_npy(std::string_view bytes, const std::string& path) {
   if (bytes.size() < kMagicSize + 4 || bytes.compare(0, kMagicSize, kMagic, kMagicSize) != 0) bad(path, "bad magic");
   const auto major = static_cast<unsigned char>(bytes[6]);
   std::size_t header_start = 10;
@@ -142,7 +152,7 @@ NpyArray load_npy(const std::string& path) {
     bad(path, "format version " + std::to_string(major) + " (expected 1, 2 or 3)");
   }
   if (header_size > bytes.size() - header_start) bad(path, "truncated header");
-  const std::string header = bytes.substr(header_start, header_size);
+  const std::string header(bytes.substr(header_start, header_size));
 
   const auto field = [&](const std::string& key) {
     const std::size_t at = header.find("'" + key + "':");

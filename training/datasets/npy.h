@@ -27,6 +27,10 @@ struct NpyArray {
 void save_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape,
               const std::vector<int64_t>& values);
 
+/// The bytes save_npy writes (numpy.save's, format 1.0); `path` only names the array in errors.
+std::string npy_bytes(NpyType type, const std::vector<int64_t>& shape, const std::vector<int64_t>& values,
+                      const std::string& path = "<array>");
+
 /// Writes `bytes` to `path` through a temporary file unique to this host, process and call, renamed into place: a
 /// reader sees the old file or the whole new one, and concurrent writers of identical content are harmless.
 /// Throws std::runtime_error naming the file on failure.
@@ -35,5 +39,11 @@ void write_file_atomically(const std::string& path, std::string_view bytes);
 /// Reads a .npy file of '<i4', '<u4' or '<i8' elements in C order. Throws std::runtime_error naming the file and what
 /// is wrong (magic, header, dtype, Fortran order, size versus shape).
 NpyArray load_npy(const std::string& path);
+
+/// load_npy of bytes already in memory; `path` names them in errors.
+NpyArray parse_npy(std::string_view bytes, const std::string& path = "<bytes>");
+
+/// The whole file. Throws std::runtime_error naming it when it cannot be read.
+std::string read_file_bytes(const std::string& path);
 
 }  // namespace bridge::training::datasets
