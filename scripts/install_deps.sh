@@ -39,6 +39,7 @@ packages=(
   libyaml-cpp-dev       # bridge-pretrain's YAML recipes and --print-config
   libgtest-dev libgmock-dev   # unit tests
   libbenchmark-dev      # micro-benchmarks
+  clang libclang-rt-14-dev  # the libFuzzer targets (fuzz/, scripts/fuzz.sh): clang and its fuzzer runtime
   nlohmann-json3-dev    # JSON Lines metric writer, JSON input of bridge-preprocess-data (header-only)
   python3-torch         # Python reference for parity checks, and torchrun
   python3-venv          # the tools venv below

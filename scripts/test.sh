@@ -2,7 +2,7 @@
 # Every test on a fresh machine, in one command: installs the dependencies, builds against the default LibTorch (2.x
 # from the torch wheel) and runs the whole suite, then builds the core tests against Debian's LibTorch 1.13 with
 # AddressSanitizer and UndefinedBehaviorSanitizer and runs them again, which keeps the light 1.13 install building and
-# working.
+# working. Last, the libFuzzer targets (clang) run 20 s each from their seeds (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -19,3 +19,5 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0
   -DBRIDGE_LIBTORCH=system -DBRIDGE_BUILD_EXAMPLES=OFF -DBRIDGE_BUILD_BENCHMARKS=OFF
 cmake --build build-asan -j "$jobs" --target core_tests  # only what `ctest -L core` runs
 ctest --test-dir build-asan -L core -j "$jobs" --output-on-failure
+
+scripts/fuzz.sh 20

@@ -3,11 +3,19 @@
 #include "utils/torch_pickle.h"
 
 #include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <algorithm>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "utils/durable_file.h"
@@ -56,6 +64,181 @@ c10::IValue tensors_as_floats(const c10::IValue& value) {
   });
 }
 
+// The bytes of a file for LibTorch's zip reader, which trusts the offsets in the archive: LibTorch 1.13's own
+// VectorReader (behind torch::jit::pickle_load) copies past the end of its buffer when a damaged file names an
+// offset beyond it. Here a read past the end comes back short, and the reader refuses the archive.
+class BoundedReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReader(std::string bytes) : bytes_(std::move(bytes)) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - static_cast<size_t>(pos));
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  std::string bytes_;
+};
+
+std::string hex(char byte) {
+  constexpr char kDigits[] = "0123456789abcdef";
+  const auto b = static_cast<unsigned char>(byte);
+  return {kDigits[b >> 4], kDigits[b & 15]};
+}
+
+// LibTorch's unpickler allocates what a length or a memo index in the pickle asks for before using it (a memo table
+// of 2 x index entries), so one flipped bit in a damaged file can ask for gigabytes. This walks the opcodes LibTorch
+// reads, checking every length against the bytes that follow and every memo index against the entries stored so far
+// (picklers number them from 0). Throws std::runtime_error.
+void check_pickle_lengths(std::string_view pickle) {
+  std::size_t at = 0;
+  const auto need = [&](uint64_t bytes, char opcode) {
+    if (bytes > pickle.size() - at) {
+      throw std::runtime_error("opcode 0x" + hex(opcode) + " at byte " + std::to_string(at - 1) +
+                               " of data.pkl needs " + std::to_string(bytes) + " bytes, but " +
+                               std::to_string(pickle.size() - at) + " remain");
+    }
+  };
+  const auto length = [&](int width, char opcode) {
+    need(static_cast<uint64_t>(width), opcode);
+    uint64_t value = 0;
+    for (int i = width - 1; i >= 0; --i) value = value << 8 | static_cast<unsigned char>(pickle[at + i]);
+    at += static_cast<std::size_t>(width);
+    return value;
+  };
+  const auto skip = [&](uint64_t bytes, char opcode) {
+    need(bytes, opcode);
+    at += static_cast<std::size_t>(bytes);
+  };
+  uint64_t memo_size = 0;
+  const auto memo = [&](int width, char opcode, bool put) {
+    const uint64_t index = length(width, opcode);
+    if (put ? index > memo_size : index >= memo_size) {
+      throw std::runtime_error("opcode 0x" + hex(opcode) + " at byte " + std::to_string(at - 1 - width) +
+                               " of data.pkl names memo entry " + std::to_string(index) + ", but " +
+                               std::to_string(memo_size) + " are stored");
+    }
+    memo_size = std::max(memo_size, index + 1);
+  };
+  const auto skip_line = [&](char opcode) {
+    const std::size_t end = pickle.find('\n', at);
+    if (end == std::string_view::npos) need(pickle.size() - at + 1, opcode);
+    at = end + 1;
+  };
+  while (at < pickle.size()) {
+    const char opcode = pickle[at++];
+    switch (opcode) {
+      case '.':  // STOP
+        return;
+      case 'K':
+      case '\x80':  // BININT1, PROTO
+        skip(1, opcode);
+        break;
+      case 'h':  // BINGET
+      case 'q':  // BINPUT
+        memo(1, opcode, opcode == 'q');
+        break;
+      case 'j':  // LONG_BINGET
+      case 'r':  // LONG_BINPUT
+        memo(4, opcode, opcode == 'r');
+        break;
+      case '\x94':  // MEMOIZE
+        ++memo_size;
+        break;
+      case 'M':  // BININT2
+        skip(2, opcode);
+        break;
+      case 'J':  // BININT
+        skip(4, opcode);
+        break;
+      case 'G':
+      case '\x95':  // BINFLOAT, FRAME
+        skip(8, opcode);
+        break;
+      case 'U':
+      case 'C':
+      case '\x8c':
+      case '\x8a':  // SHORT_BINSTRING, SHORT_BINBYTES, SHORT_BINUNICODE, LONG1
+        skip(length(1, opcode), opcode);
+        break;
+      case 'T':
+      case 'B':
+      case 'X':
+      case '\x8b':  // BINSTRING, BINBYTES, BINUNICODE, LONG4
+        skip(length(4, opcode), opcode);
+        break;
+      case '\x8d':
+      case '\x8e':
+      case '\x96':  // BINUNICODE8, BINBYTES8, BYTEARRAY8
+        skip(length(8, opcode), opcode);
+        break;
+      case 'c':  // GLOBAL: module and name, one line each
+        skip_line(opcode);
+        skip_line(opcode);
+        break;
+      case 'I':
+      case 'L':
+      case 'F':
+      case 'S':
+      case 'V':
+      case 'P':
+      case 'g':
+      case 'p':  // text-argument opcodes
+        skip_line(opcode);
+        break;
+      case '}':
+      case ']':
+      case ')':
+      case '(':
+      case 'e':
+      case 'a':
+      case 's':
+      case 'u':
+      case 't':
+      case 'R':
+      case 'b':
+      case 'N':
+      case 'Q':
+      case '0':
+      case '1':
+      case '2':
+      case '\x81':
+      case '\x85':
+      case '\x86':
+      case '\x87':
+      case '\x88':
+      case '\x89':
+      case 'd':
+      case 'l':
+      case 'o':
+      case '\x8f':
+      case '\x90':
+      case '\x91':
+      case '\x92':
+      case '\x93':  // no argument
+        break;
+      case 'i':  // INST: module and name, one line each
+        skip_line(opcode);
+        skip_line(opcode);
+        break;
+      case '\x82':  // EXT1
+        skip(1, opcode);
+        break;
+      case '\x83':  // EXT2
+        skip(2, opcode);
+        break;
+      case '\x84':  // EXT4
+        skip(4, opcode);
+        break;
+      default:
+        throw std::runtime_error("byte " + std::to_string(at - 1) + " of data.pkl is 0x" + hex(opcode) +
+                                 ", not a pickle opcode");
+    }
+  }
+}
+
 }  // namespace
 
 void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& value) {
@@ -89,9 +272,13 @@ void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& val
 }
 
 c10::IValue load_torch_pickle(const std::filesystem::path& path) {
-  const std::string bytes = read_file(path);
+  std::string bytes = read_file(path);
   try {
-    return tensors_as_floats(torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end())));
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(std::move(bytes)));
+    const auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+    check_pickle_lengths(std::string_view(static_cast<const char*>(pickle.get()), pickle_size));
+    // What torch::jit::pickle_load does, over the bounded reader: the pickle "data.pkl" and its tensors' records.
+    return tensors_as_floats(torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader));
   } catch (const std::exception& error) {
     throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + error.what() +
                              "); it is damaged or was not written by torch.save / bridge");

@@ -456,6 +456,23 @@ TEST(DiskFaults, AFullDiskFailsTheWriteCleanlyAndKeepsTheOldFile) {
   fs::remove_all(dir);
 }
 
+// Damaged checkpoint files that the checkpoint fuzzer (fuzz/fuzz_checkpoint.cpp) found reaching past LibTorch's
+// checks: a zip directory offset past the end (LibTorch 1.13's pickle_load read past its buffer: heap overflow under
+// ASan) and memo indices of a billion (its unpickler reserved 15 and 30 GB). Each is now a clean error naming the file.
+TEST(DamagedCheckpoints, FuzzerFindingsAreCleanErrors) {
+  const fs::path seeds = fs::path(BRIDGE_SOURCE_DIR) / "fuzz/corpus/fuzz_checkpoint";
+  for (const char* name :
+       {"zip_offset_past_the_end", "pickle_memo_index_past_the_end", "pickle_memo_index_after_unknown_opcode"}) {
+    SCOPED_TRACE(name);
+    EXPECT_THAT([&] { bridge::utils::load_torch_pickle(seeds / name); },
+                ::testing::ThrowsMessage<std::runtime_error>(
+                    ::testing::AllOf(HasSubstr((seeds / name).string()), HasSubstr("damaged"))));
+  }
+  // The undamaged seeds (torch.save's and bridge's own) still load.
+  EXPECT_TRUE(bridge::utils::load_torch_pickle(seeds / "dict_of_tensors.pt").isGenericDict());
+  EXPECT_TRUE(bridge::utils::load_torch_pickle(seeds / "bridge_common.pt").isGenericDict());
+}
+
 // What a killed run leaves in checkpoint.save is removed at the next save: an iteration without common.pt, a
 // complete one the tracker never named, stray .tmp files. The tracked checkpoint stays and still resumes.
 TEST(DiskFaults, LeftoversOfKilledRunsAreRemovedAtTheNextSave) {

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds bridge's libFuzzer targets (clang, AddressSanitizer + UndefinedBehaviorSanitizer, coverage over every bridge
+# source) and runs each for SECONDS from its seeds in fuzz/corpus/<target>. Fails on the first crash, sanitizer
+# report, leak, timeout or broken round trip, leaving the input that did it as <build>/fuzz-artifacts/<target>-*.
+#
+#   scripts/fuzz.sh                  # 60 s per target (about 7 minutes with the build)
+#   scripts/fuzz.sh 3600             # the long run: an hour per target
+#   BRIDGE_FUZZ_BUILD=build-asan scripts/fuzz.sh 20   # reuse a build configured with -DBRIDGE_BUILD_FUZZERS=ON
+#
+# New inputs that reach new code collect in <build>/fuzz-corpus/<target> (the seeds in the repository are not
+# touched); `<target> -merge=1 fuzz/corpus/<target> <build>/fuzz-corpus/<target>` adds the useful ones to the seeds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+build=${BRIDGE_FUZZ_BUILD:-build-fuzz}
+targets=(fuzz_indexed_dataset fuzz_npy fuzz_config_yaml fuzz_config_override fuzz_tokenizer fuzz_checkpoint)
+
+if [[ ! -f $build/CMakeCache.txt ]]; then
+  # Debian's LibTorch 1.13, as the sanitizer build of scripts/test.sh; -O1 keeps the executions per second useful.
+  cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" \
+    -DBRIDGE_SANITIZE=ON -DBRIDGE_BUILD_FUZZERS=ON -DBRIDGE_LIBTORCH=system -DBRIDGE_BUILD_TESTS=OFF \
+    -DBRIDGE_BUILD_EXAMPLES=OFF -DBRIDGE_BUILD_BENCHMARKS=OFF
+fi
+cmake --build "$build" -j "$(nproc)" --target fuzzers
+
+mkdir -p "$build/fuzz-artifacts"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+for target in "${targets[@]}"; do
+  corpus="$build/fuzz-corpus/$target"
+  mkdir -p "$corpus"
+  echo "fuzz: $target for ${seconds}s"
+  if ! "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -timeout=20 \
+    -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$target-" \
+    >"$build/fuzz-artifacts/$target.log" 2>&1; then
+    tail -n 60 "$build/fuzz-artifacts/$target.log"
+    echo "fuzz: $target FAILED; the input is in $build/fuzz-artifacts/ (run it: $build/fuzz/$target <file>)" >&2
+    exit 1
+  fi
+  grep -E "^stat::number_of_executed_units|^#[0-9]+ *DONE" "$build/fuzz-artifacts/$target.log" | tail -n 2 || true
+done
+echo "fuzz: every target ran ${seconds}s without a failure"
