@@ -31,9 +31,14 @@ for target in "${targets[@]}"; do
   corpus="$build/fuzz-corpus/$target"
   mkdir -p "$corpus"
   echo "fuzz: $target for ${seconds}s"
-  if ! "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -timeout=20 \
+  status=0
+  "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -timeout=20 \
     -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$target-" \
-    >"$build/fuzz-artifacts/$target.log" 2>&1; then
+    >"$build/fuzz-artifacts/$target.log" 2>&1 &
+  pid=$!
+  wait "$pid" || status=$?
+  rm -rf "/dev/shm/bridge_fuzz_$pid" "${TMPDIR:-/tmp}/bridge_fuzz_$pid"  # the harness's scratch files (fuzz_support.h)
+  if ((status != 0)); then
     tail -n 60 "$build/fuzz-artifacts/$target.log"
     echo "fuzz: $target FAILED; the input is in $build/fuzz-artifacts/ (run it: $build/fuzz/$target <file>)" >&2
     exit 1
