@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "fuzz/fuzz_support.h"
+#include "utils/durable_file.h"
 #include "utils/torch_pickle.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -24,6 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // a value of a kind bridge does not write (an object, a tensor of a storage it cannot save)
   }
   bridge::utils::save_torch_pickle(dir / "twice.pt", bridge::utils::load_torch_pickle(dir / "once.pt"));
-  FUZZ_CHECK(bridge::fuzz::read_file(dir / "once.pt") == bridge::fuzz::read_file(dir / "twice.pt"));
+  FUZZ_CHECK(bridge::utils::read_file(dir / "once.pt") == bridge::utils::read_file(dir / "twice.pt"));
   return 0;
 }

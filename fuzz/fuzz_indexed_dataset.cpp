@@ -10,6 +10,7 @@
 
 #include "fuzz/fuzz_support.h"
 #include "training/datasets/indexed_dataset.h"
+#include "utils/durable_file.h"
 
 using bridge::training::datasets::DType;
 using bridge::training::datasets::IndexedDataset;
@@ -58,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(next == document_indices.size());
   builder.finalize();
-  FUZZ_CHECK(bridge::fuzz::read_file(out + ".idx") == rest.substr(0, idx_size));
-  FUZZ_CHECK(bridge::fuzz::read_file(out + ".bin") == rest.substr(idx_size));
+  FUZZ_CHECK(bridge::utils::read_file(out + ".idx") == rest.substr(0, idx_size));
+  FUZZ_CHECK(bridge::utils::read_file(out + ".bin") == rest.substr(idx_size));
   return 0;
 }

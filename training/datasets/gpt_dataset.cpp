@@ -17,6 +17,7 @@
 #include "training/datasets/md5.h"
 #include "training/datasets/npy.h"
 #include "training/datasets/numpy_random_state.h"
+#include "utils/durable_file.h"
 #include "utils/logging.h"
 
 namespace bridge::training::datasets {
@@ -344,14 +345,14 @@ bool IndexedGPTDataset::load_cache() {
     return false;
   };
   try {
-    const std::string cached = read_file_bytes(description_path);
+    const std::string cached = bridge::utils::read_file(description_path);
     if (cached != description_) return reject(description_path + " describes another dataset");
     // Values can be damaged in range (a flipped bit that still names a valid sample): the digests written with the
     // files catch what the range checks below cannot.
-    const std::string digests = read_file_bytes(digests_path);
+    const std::string digests = bridge::utils::read_file(digests_path);
     std::array<std::string, 3> bytes;
     for (std::size_t i = 0; i < 3; ++i) {
-      bytes[i] = read_file_bytes(paths[i]);
+      bytes[i] = bridge::utils::read_file(paths[i]);
       const std::string line = md5_hex(bytes[i]) + "  " + file_name(paths[i]) + "\n";
       if (digests.find(line) == std::string::npos) {
         return reject(paths[i] + " does not match its MD5 in " + digests_path + " (changed after it was written)");

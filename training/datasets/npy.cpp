@@ -15,6 +15,8 @@
 #include <string_view>
 #include <utility>
 
+#include "utils/durable_file.h"
+
 namespace bridge::training::datasets {
 namespace {
 
@@ -124,16 +126,7 @@ void save_npy(const std::string& path, NpyType type, const std::vector<int64_t>&
   write_file_atomically(path, npy_bytes(type, shape, values, path));
 }
 
-std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("npy: cannot open " + path + ": " + std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw std::runtime_error("npy: reading " + path + " failed");
-  return buffer.str();
-}
-
-NpyArray load_npy(const std::string& path) { return parse_npy(read_file_bytes(path), path); }
+NpyArray load_npy(const std::string& path) { return parse_npy(bridge::utils::read_file(path), path); }
 
 NpyArray parse_npy(std::string_view bytes, const std::string& path) {
   if (bytes.size() < kMagicSize + 4 || bytes.compare(0, kMagicSize, kMagic, kMagicSize) != 0) bad(path, "bad magic");

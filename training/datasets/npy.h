@@ -43,7 +43,4 @@ NpyArray load_npy(const std::string& path);
 /// load_npy of bytes already in memory; `path` names them in errors.
 NpyArray parse_npy(std::string_view bytes, const std::string& path = "<bytes>");
 
-/// The whole file. Throws std::runtime_error naming it when it cannot be read.
-std::string read_file_bytes(const std::string& path);
-
 }  // namespace bridge::training::datasets
