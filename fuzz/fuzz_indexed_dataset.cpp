@@ -1,7 +1,8 @@
 // libFuzzer target: the Megatron .idx/.bin reader. An input is a little-endian uint32 (the .idx's size), the .idx
 // bytes, then the .bin bytes. The reader must reject it with std::runtime_error or accept it; what it accepts must
 // read back inside the .bin and, for integer tokens, be exactly the files IndexedDatasetBuilder writes from the
-// tokens read: the reader accepts only what Megatron's writer can produce.
+// tokens read: the reader accepts only what Megatron's writer can produce. The vocabulary check must find the
+// first token outside the vocabulary.
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -40,6 +41,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       bytes += static_cast<int64_t>(sequences.back().size() * bridge::training::datasets::dtype_size(dtype));
     }
     FUZZ_CHECK(bytes == static_cast<int64_t>(rest.size() - idx_size));
+    // The vocabulary check (dataset.validate_tokens) finds the first token outside [0, 1000) in file order.
+    constexpr int64_t kLimit = 1000;
+    const auto found = dataset.find_token_outside(kLimit);
+    bool any = false;
+    for (std::size_t s = 0; s < sequences.size() && !any; ++s) {
+      for (std::size_t t = 0; t < sequences[s].size() && !any; ++t) {
+        if (sequences[s][t] >= 0 && sequences[s][t] < kLimit) continue;
+        any = true;
+        FUZZ_CHECK(found && found->sequence == static_cast<int64_t>(s) && found->position == static_cast<int64_t>(t) &&
+                   found->value == sequences[s][t]);
+      }
+    }
+    FUZZ_CHECK(any == found.has_value());
   } catch (const std::runtime_error&) {
     return 0;
   }

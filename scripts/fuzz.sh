@@ -6,12 +6,18 @@
 #   scripts/fuzz.sh                  # 60 s per target (about 7 minutes with the build)
 #   scripts/fuzz.sh 3600             # the long run: an hour per target
 #   BRIDGE_FUZZ_BUILD=build-asan scripts/fuzz.sh 20   # reuse a build configured with -DBRIDGE_BUILD_FUZZERS=ON
+#   BRIDGE_FUZZ_SEED=1 scripts/fuzz.sh 20              # the same inputs in the same order every run (what CI does)
+#
+# Without BRIDGE_FUZZ_SEED each run draws a new seed (libFuzzer prints it: "INFO: Seed: N"), so repeated runs explore
+# further; with one, a run is the same sequence of inputs, cut off by the time, and a failure it finds comes back
+# with the same seed on any machine at least as fast.
 #
 # New inputs that reach new code collect in <build>/fuzz-corpus/<target> (the seeds in the repository are not
 # touched); `<target> -merge=1 fuzz/corpus/<target> <build>/fuzz-corpus/<target>` adds the useful ones to the seeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
+seed=${BRIDGE_FUZZ_SEED:-0}  # 0: libFuzzer draws one
 build=${BRIDGE_FUZZ_BUILD:-build-fuzz}
 targets=(fuzz_indexed_dataset fuzz_npy fuzz_config_yaml fuzz_config_override fuzz_tokenizer fuzz_checkpoint)
 
@@ -32,7 +38,7 @@ for target in "${targets[@]}"; do
   mkdir -p "$corpus"
   echo "fuzz: $target for ${seconds}s"
   status=0
-  "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -timeout=20 \
+  "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -seed="$seed" -timeout=20 \
     -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$target-" \
     >"$build/fuzz-artifacts/$target.log" 2>&1 &
   pid=$!
@@ -40,6 +46,7 @@ for target in "${targets[@]}"; do
   rm -rf "/dev/shm/bridge_fuzz_$pid" "${TMPDIR:-/tmp}/bridge_fuzz_$pid"  # the harness's scratch files (fuzz_support.h)
   if ((status != 0)); then
     tail -n 60 "$build/fuzz-artifacts/$target.log"
+    grep -m1 "^INFO: Seed:" "$build/fuzz-artifacts/$target.log" >&2 || true
     echo "fuzz: $target FAILED; the input is in $build/fuzz-artifacts/ (run it: $build/fuzz/$target <file>)" >&2
     exit 1
   fi

@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 
@@ -242,6 +244,44 @@ TEST(IndexedDatasetTest, DamagedFilesAreClearErrors) {
   const int64_t beyond = 9;
   with(patched(header + 12 * n + 8 * n, &beyond, 8), bin);
   expect_damaged(bad, {"document_indices[5] is 9"});
+}
+
+// Float tokens (dtype codes 6 and 7, which Megatron's reader accepts) are truncated toward zero like numpy's
+// astype(int64); one that no int64 holds reads as kNotAToken, which the vocabulary check reports (the libFuzzer
+// target found the plain cast's undefined behaviour).
+TEST(IndexedDatasetTest, FloatTokensPastInt64ReadAsNotAToken) {
+  ScratchDir dir;
+  const std::string good = dir / "good";
+  write_reference_dataset(good, "uint16", 5);  // 23 tokens: sequence 0 has 1, sequence 1 has 8
+  const std::string idx = read_bytes(good + ".idx");
+  const double specials[] = {-2.75, std::nan(""), 1e30, -1e19, 9.0, -std::numeric_limits<double>::infinity()};
+  for (const uint8_t code : {uint8_t{6}, uint8_t{7}}) {
+    SCOPED_TRACE(code == 6 ? "float64" : "float32");
+    std::string new_idx = idx, bin;
+    new_idx[17] = static_cast<char>(code);
+    const int64_t item = code == 6 ? 8 : 4, starts[] = {0, 1, 9, 11, 20};  // pointers in bytes of the new dtype
+    for (int s = 0; s < 5; ++s) {
+      const int64_t pointer = starts[s] * item;
+      std::memcpy(new_idx.data() + 34 + 4 * 5 + 8 * s, &pointer, 8);
+    }
+    for (int i = 0; i < 23; ++i) {
+      const double value = i >= 1 && i <= 6 ? specials[i - 1] : 4.0;
+      const float narrow = static_cast<float>(value);
+      bin.append(code == 6 ? reinterpret_cast<const char*>(&value) : reinterpret_cast<const char*>(&narrow),
+                 code == 6 ? 8 : 4);
+    }
+    const std::string prefix = dir / ("float" + std::to_string(code));
+    write_bytes(prefix + ".idx", new_idx);
+    write_bytes(prefix + ".bin", bin);
+    const IndexedDataset dataset(prefix);
+    EXPECT_EQ(dataset.get(0), std::vector<int64_t>{4});
+    EXPECT_EQ(dataset.get(1, 0, 6), (std::vector<int64_t>{-2, kNotAToken, kNotAToken, kNotAToken, 9, kNotAToken}));
+    const std::optional<TokenLocation> bad = dataset.find_token_outside(10);
+    ASSERT_TRUE(bad.has_value());
+    EXPECT_EQ(bad->sequence, 1);
+    EXPECT_EQ(bad->position, 0);
+    EXPECT_EQ(bad->value, -2);
+  }
 }
 
 // Random truncations and bit flips: the reader either opens the files and then reads every sequence inside the

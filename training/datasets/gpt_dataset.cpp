@@ -472,8 +472,9 @@ training::GPTDatasets build_gpt_datasets(const ConfigContainer& config) {
     const auto start = std::chrono::steady_clock::now();
     if (const std::optional<TokenLocation> bad = indexed->find_token_outside(config.model.vocab_size)) {
       throw std::invalid_argument(
-          "dataset.data_path: " + prefix + " holds token id " + std::to_string(bad->value) + " (document " +
-          std::to_string(bad->document) + ", sequence " + std::to_string(bad->sequence) + ", token " +
+          "dataset.data_path: " + prefix + " holds token id " +
+          (bad->value == kNotAToken ? "NaN or past int64 (a float token)" : std::to_string(bad->value)) +
+          " (document " + std::to_string(bad->document) + ", sequence " + std::to_string(bad->sequence) + ", token " +
           std::to_string(bad->position) +
           "), which is not in [0, model.vocab_size = " + std::to_string(config.model.vocab_size) +
           "); set model.vocab_size to the tokenizer's vocabulary size, or preprocess the data with the model's "

@@ -72,6 +72,13 @@ bool is_valid_code(uint8_t code) { return code >= 1 && code <= 8; }
 
 bool is_integer(DType dtype) { return dtype != DType::kFloat32 && dtype != DType::kFloat64; }
 
+// A float token as an id: truncated toward zero as numpy's astype(int64) does, but a NaN, an infinity or a value past
+// int64 (undefined behaviour for a plain cast) reads as kNotAToken, which no vocabulary holds.
+int64_t float_token(double value) {
+  constexpr double kTwoTo63 = 9223372036854775808.0;
+  return value >= -kTwoTo63 && value < kTwoTo63 ? static_cast<int64_t>(value) : kNotAToken;
+}
+
 // Converts `count` elements of `dtype` at `src` (any alignment) to int64.
 void convert(DType dtype, const unsigned char* src, int64_t count, int64_t* out) {
   switch (dtype) {
@@ -94,10 +101,10 @@ void convert(DType dtype, const unsigned char* src, int64_t count, int64_t* out)
       std::memcpy(out, src, static_cast<std::size_t>(count) * 8);
       return;
     case DType::kFloat32:
-      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(load<float>(src + 4 * i));
+      for (int64_t i = 0; i < count; ++i) out[i] = float_token(load<float>(src + 4 * i));
       return;
     case DType::kFloat64:
-      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(load<double>(src + 8 * i));
+      for (int64_t i = 0; i < count; ++i) out[i] = float_token(load<double>(src + 8 * i));
       return;
   }
 }

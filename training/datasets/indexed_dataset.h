@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,10 @@ std::string dtype_name(DType dtype);
 DType optimal_dtype(int64_t vocab_size);
 
 /// Where a token was found: sequence `sequence` (of document `document`), token `position` of it, and its value.
+/// What a float32/float64 token that is NaN, infinite or outside int64 reads as: an id no vocabulary holds, so
+/// dataset.validate_tokens and the sample check report it instead of training on an arbitrary id.
+inline constexpr int64_t kNotAToken = std::numeric_limits<int64_t>::min();
+
 struct TokenLocation {
   int64_t sequence = 0, document = 0, position = 0, value = 0;
 };
