@@ -41,6 +41,9 @@ packages=(
   libbenchmark-dev      # micro-benchmarks
   clang libclang-rt-14-dev  # the libFuzzer targets (fuzz/, scripts/fuzz.sh): clang and its fuzzer runtime
   nlohmann-json3-dev    # JSON Lines metric writer, JSON input of bridge-preprocess-data (header-only)
+  libcpp-httplib-dev    # the ControlEndpoint callback's HTTP server (and the tests' client)
+  prometheus-cpp-dev    # ControlEndpoint's GET /metrics in Prometheus' text format
+  libconcurrentqueue-dev  # the async observers' lock-free queue (header-only)
   python3-torch         # Python reference for parity checks, and torchrun
   python3-venv          # the tools venv below
 )

@@ -15,7 +15,7 @@
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
-#include "training/callback_state.h"
+#include "training/callbacks/callback_state.h"
 #include "training/checkpoint_state.h"
 #include "utils/durable_file.h"
 #include "utils/logging.h"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "training/callbacks/registry.h"
 #include "training/datasets/gpt_dataset.h"
 #include "training/optimizer_param_scheduler.h"
 #include "utils/check.h"
@@ -170,6 +171,9 @@ void ConfigContainer::validate(int world_size) const {
     require(rng.seed <= 0xFFFFFFFFULL, "rng.seed (" + std::to_string(rng.seed) +
                                            ") must be below 2^32 with dataset.data_path: Megatron's sample order comes "
                                            "from NumPy's RandomState(seed)");
+  }
+  for (std::size_t i = 0; i < callbacks.size(); ++i) {
+    validate_callback_config(callbacks[i], "callbacks[" + std::to_string(i) + "]");
   }
 }
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -168,6 +169,18 @@ struct CheckpointConfig {
   bool async_save = false;
 };
 
+/// One entry of the `callbacks:` list: a built-in callback (training/callbacks/registry.h) and its options, each as
+/// the YAML text it was written as (`3`, `lm loss validation`, `10min`); validate() checks them against the type.
+///
+///   callbacks:
+///     - {type: EarlyStopping, monitor: lm loss validation, patience: 3}
+///     - {type: ProgressBar}
+struct CallbackConfig {
+  std::string type;
+  std::map<std::string, std::string> options;
+  bool operator==(const CallbackConfig& other) const { return type == other.type && options == other.options; }
+};
+
 struct ConfigContainer {
   models::GPTConfig model;
   TrainingConfig train;
@@ -180,6 +193,8 @@ struct ConfigContainer {
   RNGConfig rng;
   CheckpointConfig checkpoint;
   MixedPrecisionConfig mixed_precision;
+  /// Built-in callbacks pretrain() adds to its callbacks, after the caller's, in list order.
+  std::vector<CallbackConfig> callbacks;
 
   /// Checks every section for a job of `world_size` ranks; throws std::invalid_argument naming the field.
   void validate(int world_size) const;

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <utility>
 
+#include "training/callbacks/registry.h"
 #include "utils/closest_match.h"
 #include "utils/strings.h"
 
@@ -228,6 +229,23 @@ struct Codec<models::AttnBackend> {
     }
   }
 };
+
+// ---- The callbacks list ----
+
+// Options keep the YAML text they were written as: a scalar as it reads, anything else in flow style.
+std::string yaml_text(const YAML::Node& node) {
+  // A quoted scalar ("null", "3", "a: b") stays quoted, so that reading the text again gives the same string.
+  if (node.IsScalar() && node.Tag() == "!") {
+    YAML::Emitter out;
+    out << YAML::DoubleQuoted << node.Scalar();
+    return out.c_str();
+  }
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  out << YAML::Flow << node;
+  return out.c_str();
+}
 
 // ---- The table ----
 
@@ -493,6 +511,46 @@ std::string describe(const YAML::Node& node) {
   return "'" + node.Scalar() + "'";
 }
 
+// A `callbacks:` list: entries {type: <built-in>, <option>: <value>, ...}, each checked against its type.
+std::vector<CallbackConfig> parse_callbacks(const YAML::Node& list, const Source& source) {
+  std::vector<CallbackConfig> entries;
+  if (is_null(list)) return entries;
+  if (!list.IsSequence()) {
+    throw ConfigError(source.at(list) +
+                      ": callbacks must be a list of {type: <name>, <option>: <value>} entries, e.g. "
+                      "[{type: EarlyStopping, patience: 3}], got " +
+                      describe(list));
+  }
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    const std::string where = "callbacks[" + std::to_string(i) + "]";
+    if (!item.IsMap()) {
+      throw ConfigError(source.at(item) + ": " + where + " must be a mapping {type: <name>, ...}, got " +
+                        describe(item));
+    }
+    CallbackConfig entry;
+    for (auto it = item.begin(); it != item.end(); ++it) {
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
+      if (!key.IsScalar()) throw ConfigError(source.at(key) + ": keys must be names, got " + describe(key));
+      const std::string name = key.Scalar();
+      if (name == "type") {
+        if (!value.IsScalar()) throw ConfigError(source.at(value) + ": " + where + ".type must be a name");
+        entry.type = value.Scalar();
+      } else if (!entry.options.emplace(name, yaml_text(value)).second) {
+        throw ConfigError(source.at(key) + ": " + where + "." + name + " is set twice; keep one");
+      }
+    }
+    try {
+      validate_callback_config(entry, where, /*load_plugins=*/false);  // ConfigContainer::validate loads them
+    } catch (const std::invalid_argument& error) {
+      throw ConfigError(source.at(item) + ": " + error.what());
+    }
+    entries.push_back(std::move(entry));
+  }
+  return entries;
+}
+
 std::string a_or_an(const std::string& noun) {
   return (noun.empty() || std::string_view("aeiou").find(noun[0]) == std::string_view::npos ? "a " : "an ") + noun;
 }
@@ -564,6 +622,9 @@ void apply_map(ConfigContainer& config, const YAML::Node& map, const std::string
       } catch (const std::invalid_argument& error) {
         throw ConfigError(source.at(value) + ": " + error.what());
       }
+    } else if (path == "callbacks") {
+      if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
+      config.callbacks = parse_callbacks(value, source);
     } else if (is_section(path)) {
       if (is_null(value)) continue;  // a section with every key commented out
       if (!value.IsMap()) {
@@ -619,6 +680,47 @@ std::vector<ConfigKeyInfo> config_keys() {
   for (const Field& f : fields()) keys.push_back(ConfigKeyInfo{f.key, f.type, f.doc});
   return keys;
 }
+
+template <class T>
+T parse_config_value(std::string_view text, std::string_view where) {
+  const YAML::Node node = parse_yaml(text, std::string(where));
+  std::optional<T> value = Codec<T>::parse(node);
+  if (!value) {
+    std::string expected = a_or_an(Codec<T>::type());
+    if (Codec<T>::type() == "duration") expected += " with a unit (ms, s, min, h), e.g. 30s or 10min";
+    throw ConfigError(std::string(where) + " must be " + expected + ", got " + describe(node));
+  }
+  return std::move(*value);
+}
+
+template <class T>
+std::string config_value_type() {
+  return Codec<T>::type();
+}
+
+template <class T>
+std::string config_value_text(const T& value) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  Codec<T>::emit(out, value);
+  return out.c_str();
+}
+
+#define BRIDGE_CONFIG_VALUE(T)                                          \
+  template T parse_config_value<T>(std::string_view, std::string_view); \
+  template std::string config_value_type<T>();                          \
+  template std::string config_value_text<T>(const T&);
+BRIDGE_CONFIG_VALUE(int)
+BRIDGE_CONFIG_VALUE(int64_t)
+BRIDGE_CONFIG_VALUE(double)
+BRIDGE_CONFIG_VALUE(bool)
+BRIDGE_CONFIG_VALUE(std::string)
+BRIDGE_CONFIG_VALUE(milliseconds)
+BRIDGE_CONFIG_VALUE(std::vector<std::string>)
+BRIDGE_CONFIG_VALUE(std::optional<int64_t>)
+BRIDGE_CONFIG_VALUE(std::optional<double>)
+BRIDGE_CONFIG_VALUE(std::optional<bool>)
+#undef BRIDGE_CONFIG_VALUE
 
 void merge_config_yaml(ConfigContainer& config, std::string_view text, std::string_view source) {
   const Source origin{std::string(source)};
@@ -694,6 +796,15 @@ std::string to_yaml(const ConfigContainer& config) {
     f.emit(out, config);
   }
   if (!open_section.empty()) out << YAML::EndMap;
+  out << YAML::Key << "callbacks" << YAML::Value;
+  if (config.callbacks.empty()) out << YAML::Flow;  // "callbacks: []"
+  out << YAML::BeginSeq;
+  for (const CallbackConfig& entry : config.callbacks) {
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "type" << YAML::Value << entry.type;
+    for (const auto& [name, text] : entry.options) out << YAML::Key << name << YAML::Value << YAML::Load(text);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
@@ -704,11 +815,22 @@ std::string config_help(const ConfigContainer& defaults) {
   for (const Field& f : fields()) {
     const std::string_view section = section_of(f.key);
     if (section != open_section) {
-      text += (open_section.empty() ? "" : "\n") + std::string(section) + ":\n";
+      if (!open_section.empty()) text += "\n";
+      text += std::string(section) + ":\n";
       open_section = section;
     }
     text += "  " + f.key + " (" + f.type + ", default " + emit_value(f, defaults) + ")\n";
     text += wrap(f.doc, "      ", 120);
+  }
+  text +=
+      "\ncallbacks: a list of built-in callbacks, each {type: <name>, <option>: <value>, ...}; e.g.\n"
+      "  callbacks=[{type: EarlyStopping, patience: 3}, {type: ProgressBar}]\n";
+  for (const CallbackTypeInfo& type : builtin_callback_types()) {
+    text += "  " + type.type + "\n" + wrap(type.doc, "      ", 120);
+    for (const CallbackOptionInfo& option : type.options) {
+      text += "    " + option.name + " (" + option.type + ", default " + option.default_value + ")\n";
+      text += wrap(option.doc, "        ", 120);
+    }
   }
   return text;
 }

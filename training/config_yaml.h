@@ -11,7 +11,11 @@
 //   std::cout << to_yaml(config);  // load_config_yaml_string(to_yaml(config)) gives config back
 //
 // Unknown keys, wrong types and bad YAML throw ConfigError naming the key (or file:line) and the closest valid key;
-// combinations that cannot work are left to ConfigContainer::validate.
+// combinations that cannot work are left to ConfigContainer::validate. A top-level `callbacks:` list names built-in
+// callbacks with their options (training/callbacks/registry.h), checked the same way:
+//
+//   callbacks:
+//     - {type: EarlyStopping, monitor: lm loss validation, patience: 3}
 #pragma once
 
 #include <filesystem>
@@ -54,10 +58,24 @@ void merge_config_yaml(ConfigContainer& config, std::string_view text, std::stri
 /// fields), `10min` (durations), or a string. A section may be set as a whole: `model={num_layers: 2}`.
 void apply_override(ConfigContainer& config, std::string_view assignment);
 
+/// A value written in YAML (`3`, `0.5`, `true`, `10min`, `[a, b]`, `null`) read as T the way config keys are read;
+/// throws ConfigError "<where> must be <a type>, got <the value>". T is int, int64_t, double, bool, std::string,
+/// std::chrono::milliseconds (a duration with its unit), std::vector<std::string>, or std::optional of int64_t,
+/// double or bool. The callbacks' options are read with it (training/callbacks/registry.h).
+template <class T>
+T parse_config_value(std::string_view text, std::string_view where);
+/// T's name in --help: "int", "float", "duration", "float or null", ...
+template <class T>
+std::string config_value_type();
+/// `value` as the YAML text to_yaml writes; parse_config_value reads it back.
+template <class T>
+std::string config_value_text(const T& value);
+
 /// Every user-settable key of `config` as YAML, section by section; loading it gives the same config back.
 std::string to_yaml(const ConfigContainer& config);
 
-/// The key reference: every key with its type, its value in `defaults` and its doc, grouped by section.
+/// The key reference: every key with its type, its value in `defaults` and its doc, grouped by section, then the
+/// built-in callbacks a `callbacks:` list may name, with their options.
 std::string config_help(const ConfigContainer& defaults = {});
 
 }  // namespace bridge::training

@@ -9,6 +9,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
+#include "training/callbacks/registry.h"
 #include "training/checkpointing.h"
 #include "training/datasets/gpt_dataset.h"
 #include "training/preflight.h"
@@ -256,6 +257,19 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
   setup->device = scope.device();
   setup->state.cfg = &setup->config;
   setup->callbacks = std::move(callbacks);
+  // The recipe's built-ins and plugins join the caller's callbacks for this run only.
+  struct RecipeCallbacks {
+    std::shared_ptr<CallbackManager> manager;
+    CallbackManager::Mark before;
+    ~RecipeCallbacks() {
+      if (manager) manager->remove_since(before);
+    }
+  } recipe_callbacks;
+  if (!config.callbacks.empty()) {
+    if (!setup->callbacks) setup->callbacks = std::make_shared<CallbackManager>();
+    recipe_callbacks = {setup->callbacks, setup->callbacks->mark()};
+    add_callbacks(*setup->callbacks, config.callbacks, parallel::get_rank(), parallel::get_world_size());
+  }
   if (setup->callbacks) setup->callbacks->set_rank(parallel::get_rank(), parallel::get_world_size());
   setup->step_fn = std::move(step_fn);
   setup->started = std::chrono::steady_clock::now();
@@ -281,8 +295,10 @@ TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
       act_on_control_requests(*setup, /*training=*/false);
       finalize_checkpoint_save(*setup, /*blocking=*/true);
     }
+    if (setup->callbacks) setup->callbacks->flush_observers();
   } catch (...) {
     report_exception(*setup, std::current_exception());
+    if (setup->callbacks) setup->callbacks->flush_observers(std::chrono::seconds(2));  // what they have, briefly
     if (!std::exchange(failure_agreed, false)) scope.tear_down_on_exit();
     throw;
   }

@@ -2,9 +2,10 @@
 // every lifecycle event reaching the callbacks.
 //
 // pretrain() initialises the world from the launcher (torchrun, mpirun, srun or none) unless the caller already did,
-// builds the parallel groups, the model chunks, the optimizer and scheduler, fires on_data_init_start, builds the
-// data, trains for train.train_iters steps with evaluation every train.eval_interval, then validates and tests. It
-// returns the final TrainState; an abort requested by a callback, or any failure, throws (after on_exception).
+// builds the parallel groups, the model chunks, the optimizer and scheduler, adds config.callbacks (the recipe's
+// built-in callbacks) after the caller's, fires on_data_init_start, builds the data, trains for train.train_iters
+// steps with evaluation every train.eval_interval, then validates and tests. It returns the final TrainState; an
+// abort requested by a callback, or any failure, throws (after on_exception).
 //
 //   auto manager = std::make_shared<CallbackManager>();
 //   manager->register_callback(Event::kTrainStepEnd, [](CallbackContext& ctx) {
@@ -20,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "training/callback_manager.h"
+#include "training/callbacks/callback_manager.h"
 #include "training/config.h"
 #include "training/forward_step.h"
 #include "training/state.h"
@@ -34,6 +35,10 @@ class Callbacks {
   Callbacks(std::nullptr_t) {}  // NOLINT(google-explicit-constructor): pretrain(config, fn, nullptr)
   Callbacks(std::shared_ptr<CallbackManager> manager)  // NOLINT(google-explicit-constructor)
       : manager_(normalize_callbacks(std::move(manager))) {}
+  /// A manager the caller owns: pretrain(config, fn, manager) with `CallbackManager manager;` (it must outlive the
+  /// call, as a local in the caller does).
+  Callbacks(CallbackManager& manager)  // NOLINT(google-explicit-constructor)
+      : manager_(std::shared_ptr<CallbackManager>(std::shared_ptr<CallbackManager>(), &manager)) {}
   Callbacks(const std::vector<std::shared_ptr<Callback>>& callbacks)  // NOLINT(google-explicit-constructor)
       : manager_(normalize_callbacks(callbacks)) {}
   Callbacks(std::initializer_list<std::shared_ptr<Callback>> callbacks)  // NOLINT(google-explicit-constructor)

@@ -12,8 +12,8 @@
 
 #include "bridge/models/gpt_model.h"
 #include "parallel/distributed/distributed_data_parallel.h"
-#include "training/callback_context.h"
-#include "training/callback_manager.h"
+#include "training/callbacks/callback_context.h"
+#include "training/callbacks/callback_manager.h"
 #include "training/config.h"
 #include "training/data.h"
 #include "training/forward_step.h"

@@ -9,9 +9,9 @@
 #include "parallel/distributed/finalize_model_grads.h"
 #include "parallel/parallel_state.h"
 #include "parallel/pipeline_parallel/schedules.h"
+#include "training/callbacks/control_sync.h"
 #include "training/checkpointing.h"
 #include "training/clip_grads.h"
-#include "training/control_sync.h"
 #include "training/pretrain.h"
 #include "training/pretrain_setup.h"
 #include "utils/logging.h"
@@ -297,6 +297,7 @@ ControlOutcome train(PretrainSetup& setup) {
   setup.logger->flush();
   // Megatron-Bridge leaves on an exit without on_train_end.
   if (outcome != ControlOutcome::kExit) setup.fire_training(Event::kTrainEnd);
+  if (setup.callbacks) setup.callbacks->flush_observers();  // the observers have seen training to its end
   return outcome;
 }
 

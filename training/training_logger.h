@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "training/callback_context.h"
-#include "training/control_sync.h"
+#include "training/callbacks/callback_context.h"
+#include "training/callbacks/control_sync.h"
 #include "training/utils/training_log.h"
 #include "utils/metric_writer.h"
 

@@ -1,6 +1,9 @@
-// Small string helpers shared by error messages.
+// Small string helpers shared by error messages and progress output.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -26,6 +29,17 @@ std::string join(const Range& range, std::string_view separator) {
     first = false;
   }
   return result;
+}
+
+/// Seconds as "H:MM:SS", rounded to the second, hours unbounded: format_duration(3723.4) == "1:02:03". Negative or
+/// non-finite (or absurd) values read "?:??:??".
+inline std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0.0 || seconds > 1e12) return "?:??:??";
+  const auto total = static_cast<std::int64_t>(std::llround(seconds));
+  char text[32];
+  std::snprintf(text, sizeof(text), "%lld:%02lld:%02lld", static_cast<long long>(total / 3600),
+                static_cast<long long>(total / 60 % 60), static_cast<long long>(total % 60));
+  return text;
 }
 
 }  // namespace bridge::utils

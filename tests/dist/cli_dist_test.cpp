@@ -207,6 +207,39 @@ TEST_F(Cli, ConfigErrorsExitTwoNamingTheKeyOnce) {
   EXPECT_EQ(count(two_ranks.output, "unknown config key 'model.num_layerz'"), 1) << two_ranks.output;
 }
 
+#if defined(BRIDGE_EXAMPLE_PLUGIN)
+// A callback plugin (examples/plugin/) that bridge-pretrain loads from the recipe on every rank under mpirun: its
+// callback logs on both data-parallel ranks (each holds the losses) and its stop after step 2 ends both. A library
+// of another plugin protocol, one that is no plugin, and a missing file are config errors (exit 2) naming the entry.
+TEST_F(Cli, MpirunLoadsACallbackPluginFromTheRecipe) {
+  const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                           "-x",     "XDG_CACHE_HOME"};
+  const auto entry = [](const std::string& path) {
+    return "callbacks=[{type: Plugin, path: " + path + ", stop_at_step: 2, message: hi}]";
+  };
+  const RankResult result = run(quick({"train.train_iters=10", entry(BRIDGE_EXAMPLE_PLUGIN)}), mpirun);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (const char* line : {"example plugin (rank 0): hi at step 1, lm loss", "example plugin (rank 1): hi at step 2"}) {
+    EXPECT_EQ(count(result.output, line), 1) << line << "\n" << result.output;
+  }
+  EXPECT_EQ(count(result.output, "example plugin (rank"), 4) << result.output;  // 2 steps x 2 ranks
+  EXPECT_THAT(result.output, HasSubstr("callback 'example_plugin' asked to stop during on_train_step_end: the "
+                                       "example plugin's stop_at_step is 2"));
+  EXPECT_THAT(result.output, HasSubstr("steps:           2 of 10"));
+
+  const RankResult other_abi = run(quick({entry(BRIDGE_OTHER_ABI_PLUGIN)}), mpirun);
+  EXPECT_EQ(other_abi.exit_code, 2) << other_abi.output;
+  EXPECT_THAT(other_abi.output, AllOf(HasSubstr("callbacks[0].path: '"), HasSubstr("was built for \"bridge-plugin 0;"),
+                                      HasSubstr("rebuild the plugin against this bridge")));
+  const RankResult not_a_plugin = run(quick({entry(BRIDGE_PRETRAIN)}));  // an executable cannot be dlopen'ed
+  EXPECT_EQ(not_a_plugin.exit_code, 2) << not_a_plugin.output;
+  EXPECT_THAT(not_a_plugin.output, HasSubstr("callbacks[0].path: cannot load"));
+  const RankResult missing = run(quick({entry("/nonexistent/libmine.so")}));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("callbacks[0].path: no plugin at '/nonexistent/libmine.so'"));
+}
+#endif
+
 TEST_F(Cli, RuntimeFailureExitsOne) {
   const RankResult result = run(quick({"dataset.data_path=[/nonexistent/corpus_text_document]"}));
   EXPECT_EQ(result.exit_code, 1) << result.output;

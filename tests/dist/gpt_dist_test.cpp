@@ -3,15 +3,19 @@
 // weights; control requests made on one rank act on every rank at the same step.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "tests/dist/spawn.h"
 #include "utils/net.h"
@@ -248,6 +252,85 @@ TEST(GptControl, SaveRequestWritesACheckpointOnEveryStage) {
   int64_t latest = 0;
   tracker >> latest;
   EXPECT_EQ(latest, 6);
+  fs::remove_all(directory);
+}
+
+// The built-ins from a recipe over pp=2: the stop decided on rank 1 (which alone holds the losses) ends both ranks
+// after the second evaluation, the monitors' metrics reach the writer, and only the last rank draws the bar.
+TEST(GptBuiltins, EarlyStoppingOnTheLastStageStopsEveryRankAndTheMonitorsReachTheWriter) {
+  const fs::path directory = fresh_directory("builtins");
+  const auto results = run_ranks(kWorker, {"builtins", directory.string()}, 2, std::chrono::seconds(120));
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << describe(results);
+    EXPECT_THAT(result.output, HasSubstr("ended at step 4")) << describe(results);
+  }
+  EXPECT_THAT(results[0].output,
+              HasSubstr("callback 'EarlyStopping' asked to stop during on_eval_end: lm loss validation did not "
+                        "improve by more than 100 in 1 checks"))
+      << describe(results);
+
+  std::ifstream jsonl(directory / "metrics.jsonl");
+  std::string text((std::istreambuf_iterator<char>(jsonl)), std::istreambuf_iterator<char>());
+  for (const char* key : {"throughput/device/tflops_per_sec", "throughput/tokens_per_sec", "lr-", "/pg0",
+                          "memory/mem-max-resident-gigabytes/min", "time/remaining_estimate", "early_stopping/best",
+                          "divergence/window_mean"}) {
+    EXPECT_THAT(text, HasSubstr(key)) << text;
+  }
+  std::ifstream bar0(directory / "bar_rank0.txt"), bar1(directory / "bar_rank1.txt");
+  const std::string first((std::istreambuf_iterator<char>(bar0)), std::istreambuf_iterator<char>());
+  const std::string last((std::istreambuf_iterator<char>(bar1)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(first.empty()) << first;
+  EXPECT_THAT(last, HasSubstr("step 1/10 ["));
+  EXPECT_THAT(last, HasSubstr("step 4/10 [############------------------]  40% | loss "));
+  fs::remove_all(directory);
+}
+
+// A stop POSTed to the control endpoint of a running 2-rank job (served by rank 1) ends both ranks after the same
+// step, long before train_iters.
+TEST(GptBuiltins, AStopPostedToTheControlEndpointEndsEveryRankAtTheSameStep) {
+  const fs::path directory = fresh_directory("endpoint");
+  std::vector<RankResult> results;
+  std::thread job([&] {
+    results = run_ranks(kWorker, {"endpoint", directory.string()}, 2, std::chrono::seconds(240));
+  });
+  int port = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  while (port == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::ifstream file(directory / "endpoint.url");
+    std::string url;
+    if (std::getline(file, url) && url.rfind("http://127.0.0.1:", 0) == 0) port = std::stoi(url.substr(17));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  bool posted = false;
+  if (port > 0) {
+    httplib::Client client("127.0.0.1", port);
+    int64_t step = 0;
+    while (step < 3 && std::chrono::steady_clock::now() < deadline) {  // training is under way
+      if (const auto status = client.Get("/status"); status && status->status == 200) {
+        step = nlohmann::json::parse(status->body)["step"].get<int64_t>();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const auto stop = client.Post("/stop", "from the test", "text/plain");
+    posted = stop && stop->status == 202;
+  }
+  job.join();
+  EXPECT_GT(port, 0) << describe(results);
+  EXPECT_TRUE(posted) << describe(results);
+  ASSERT_EQ(results.size(), 2u);
+  std::vector<int64_t> ended;
+  for (const RankResult& result : results) {
+    EXPECT_EQ(result.exit_code, 0) << describe(results);
+    const auto at = result.output.find("ended at step ");
+    ASSERT_NE(at, std::string::npos) << describe(results);
+    ended.push_back(std::stoll(result.output.substr(at + 14)));
+  }
+  EXPECT_EQ(ended[0], ended[1]) << describe(results);
+  EXPECT_GE(ended[0], 3);
+  EXPECT_LT(ended[0], 3000);
+  EXPECT_THAT(results[0].output, HasSubstr("callback 'ControlEndpoint' asked to stop during on_train_step_end: POST "
+                                           "/stop from 127.0.0.1: from the test"))
+      << describe(results);
   fs::remove_all(directory);
 }
 

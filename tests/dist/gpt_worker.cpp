@@ -165,6 +165,46 @@ int run_control(const std::string& action, int requesting_rank, int64_t at_step,
   return 0;
 }
 
+// The built-in callbacks over a pipeline of 2 (the losses only on rank 1), from a recipe's `callbacks:` list as
+// bridge-pretrain users write it: early stopping on the validation loss (a min_delta no loss beats, so the second
+// evaluation stops), a divergence detector, a threshold no loss reaches, and the monitors, whose collectives must
+// not hang; the progress bar from C++, into a file per rank. The metrics reach <out_dir>/metrics.jsonl (the last
+// rank's writer). Prints the step every rank ended at.
+int run_builtins(const std::string& out_dir) {
+  ConfigContainer config = testing::tiny_gpt_config(/*tp=*/1, /*pp=*/2, /*vpp=*/0, /*steps=*/10);
+  config.model.num_layers = 2;
+  config.train.eval_interval = 2;
+  config.train.eval_iters = 1;
+  config.logging.jsonl_path = out_dir + "/metrics.jsonl";
+  apply_override(config,
+                 "callbacks=[{type: EarlyStopping, patience: 1, min_delta: 100}, {type: DivergenceDetector},"
+                 " {type: SpeedMonitor, window_size: 3}, {type: LearningRateMonitor}, {type: MemoryMonitor},"
+                 " {type: RuntimeEstimator}, {type: ThresholdStopper, monitor: lm loss, threshold: 0.001}]");
+  const int rank = parallel::get_rank();
+  std::FILE* bar_file = std::fopen((out_dir + "/bar_rank" + std::to_string(rank) + ".txt").c_str(), "w");
+  ProgressBarOptions bar;
+  bar.stream = bar_file;
+  bar.terminal = false;
+  bar.line_seconds = 0.0;
+  const TrainState state = pretrain(config, gpt_forward_step, {std::make_shared<ProgressBar>(bar)});
+  std::fclose(bar_file);
+  std::printf("rank %d: ended at step %lld\n", rank, static_cast<long long>(state.step));
+  std::fflush(stdout);
+  return 0;
+}
+
+// A long run over pp=2 with a ControlEndpoint (on rank 1) whose URL goes to <out_dir>/endpoint.url: the test POSTs a
+// stop to it and checks that every rank ended at the same step.
+int run_endpoint(const std::string& out_dir) {
+  ConfigContainer config = testing::tiny_gpt_config(/*tp=*/1, /*pp=*/2, /*vpp=*/0, /*steps=*/3000);
+  config.model.num_layers = 2;
+  apply_override(config, "callbacks=[{type: ControlEndpoint, endpoint_file: '" + out_dir + "/endpoint.url'}]");
+  const TrainState state = pretrain(config, gpt_forward_step);
+  std::printf("rank %d: ended at step %lld\n", parallel::get_rank(), static_cast<long long>(state.step));
+  std::fflush(stdout);
+  return 0;
+}
+
 int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& save,
                const std::string& load) {
   auto manager = std::make_shared<CallbackManager>();
@@ -270,7 +310,9 @@ int main(int argc, char** argv) {
       "       gpt_worker dropout\n"
       "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|->\n"
       "       gpt_worker bad_data\n"
-      "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n",
+      "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n"
+      "       gpt_worker builtins <out_dir>\n"
+      "       gpt_worker endpoint <out_dir>\n",
       [&](const std::string& scenario) {
         if (scenario == "parity" && (argc == 7 || argc == 8)) {
           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
@@ -285,6 +327,8 @@ int main(int argc, char** argv) {
         if (scenario == "caught_failure" && argc == 6) {
           return run_caught_failure(std::stoi(argv[2]), std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
         }
+        if (scenario == "builtins" && argc == 3) return run_builtins(argv[2]);
+        if (scenario == "endpoint" && argc == 3) return run_endpoint(argv[2]);
         if (scenario == "control" && argc == 6) {
           return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
         }

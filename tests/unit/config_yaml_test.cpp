@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include "training/callbacks/registry.h"
+
 namespace bridge::training {
 namespace {
 
@@ -242,12 +244,13 @@ TEST(ConfigYaml, EveryKeyAppearsInToYamlAndInTheHelp) {
     EXPECT_FALSE(info.doc.empty()) << info.key;
     EXPECT_THAT(help, HasSubstr("  " + info.key + " (" + info.type + ", default ")) << info.key;
   }
-  // to_yaml writes one "leaf:" line per key, under its section.
+  // to_yaml writes one "leaf:" line per key, under its section, and then the callbacks list (one line when empty).
   std::istringstream lines(to_yaml(ConfigContainer{}));
   std::string line, section;
   std::set<std::string> emitted;
   while (std::getline(lines, line)) {
     if (line.empty() || line[0] == '#') continue;
+    if (line == "callbacks: []") continue;
     if (line[0] != ' ') {
       section = line.substr(0, line.find(':'));
     } else {
@@ -343,6 +346,7 @@ TEST(ConfigYaml, TheKeyTableCoversEveryFieldOfTheConfigHeaders) {
   ASSERT_GE(sections.size(), 10u) << "could not read ConfigContainer's members from training/config.h";
   std::set<std::string> declared;
   for (const auto& [type, section] : sections) {
+    if (section == "callbacks") continue;  // a list of entries, not a section (CallbacksFromYaml tests it)
     const std::string struct_name = type.substr(type.rfind(':') == std::string::npos ? 0 : type.rfind(':') + 1);
     const auto members = declared_members(headers, struct_name);
     ASSERT_FALSE(members.empty()) << "struct " << struct_name << " (ConfigContainer::" << section
@@ -364,6 +368,68 @@ TEST(ConfigYaml, TheKeyTableCoversEveryFieldOfTheConfigHeaders) {
   EXPECT_TRUE(declared.count("ddp.average_in_collective"));
   EXPECT_TRUE(declared.count("parallelism.virtual_pipeline_model_parallel_size"));
   EXPECT_FALSE(declared.count("model.ffn_size"));  // a member function
+}
+
+// ---- The callbacks list ----
+
+TEST(CallbacksFromYaml, EntriesKeepTheirOptionsAndRoundTrip) {
+  const ConfigContainer config = load_config_yaml_string(
+      "callbacks:\n"
+      "  - {type: EarlyStopping, monitor: lm loss validation, patience: 2, min_delta: 0.01}\n"
+      "  - type: TimeLimit\n"
+      "    duration: 210min\n"
+      "  - {type: ProgressBar}\n");
+  ASSERT_EQ(config.callbacks.size(), 3u);
+  EXPECT_EQ(config.callbacks[0].type, "EarlyStopping");
+  EXPECT_EQ(config.callbacks[0].options,
+            (std::map<std::string, std::string>{
+                {"monitor", "lm loss validation"}, {"patience", "2"}, {"min_delta", "0.01"}}));
+  EXPECT_EQ(config.callbacks[1].options.at("duration"), "210min");
+  EXPECT_TRUE(config.callbacks[2].options.empty());
+  const std::string yaml = to_yaml(config);
+  EXPECT_THAT(yaml, HasSubstr("- {type: ProgressBar}"));
+  EXPECT_EQ(load_config_yaml_string(yaml).callbacks, config.callbacks);
+  EXPECT_THAT(to_yaml(ConfigContainer{}), HasSubstr("callbacks: []"));
+
+  ConfigContainer overridden = config;
+  apply_override(overridden, "callbacks=[{type: SpeedMonitor, window_size: 10}]");
+  ASSERT_EQ(overridden.callbacks.size(), 1u);  // the list is replaced, as any key
+  EXPECT_EQ(overridden.callbacks[0].options.at("window_size"), "10");
+  apply_override(overridden, "callbacks=[]");
+  EXPECT_TRUE(overridden.callbacks.empty());
+}
+
+TEST(CallbacksFromYaml, ErrorsNameTheEntryTheOptionAndTheClosestName) {
+  EXPECT_THAT(override_error("callbacks=[{type: EarlyStoping}]"),
+              AllOf(HasSubstr("callbacks[0]: unknown callback type 'EarlyStoping'; did you mean 'EarlyStopping'?"),
+                    HasSubstr("The types are ControlEndpoint, DivergenceDetector, EarlyStopping")));
+  EXPECT_THAT(override_error("callbacks=[{type: ProgressBar}, {type: EarlyStopping, patince: 3}]"),
+              HasSubstr("callbacks[1]: EarlyStopping has no option 'patince'; did you mean 'patience'?"));
+  EXPECT_THAT(override_error("callbacks=[{type: EarlyStopping, patience: many}]"),
+              HasSubstr("callbacks[0].patience must be an int, got 'many'"));
+  EXPECT_THAT(override_error("callbacks=[{type: EarlyStopping, patience: 0}]"),
+              HasSubstr("callbacks[0]: EarlyStopping.patience is 0"));
+  EXPECT_THAT(override_error("callbacks=[{type: TimeLimit, duration: 90}]"),
+              HasSubstr("callbacks[0].duration must be a duration with a unit"));
+  EXPECT_THAT(override_error("callbacks=[{patience: 3}]"), HasSubstr("callbacks[0]: the entry has no type"));
+  EXPECT_THAT(override_error("callbacks={type: EarlyStopping}"), HasSubstr("callbacks must be a list"));
+  EXPECT_THAT(config_error([] {
+                load_config_yaml_string("train:\n  train_iters: 3\ncallbacks:\n  - {type: Nope}\n", "recipe.yaml");
+              }),
+              HasSubstr("recipe.yaml:4:5: callbacks[0]: unknown callback type 'Nope'"));
+}
+
+TEST(CallbacksFromYaml, TheHelpListsEveryBuiltInWithItsOptions) {
+  const std::string help = config_help();
+  for (const CallbackTypeInfo& type : builtin_callback_types()) {
+    EXPECT_THAT(help, HasSubstr("  " + type.type + "\n")) << type.type;
+    for (const CallbackOptionInfo& option : type.options) {
+      EXPECT_THAT(help, HasSubstr("    " + option.name + " (" + option.type + ", default ")) << option.name;
+    }
+  }
+  EXPECT_THAT(help, HasSubstr("    patience (int, default 3)"));
+  EXPECT_THAT(help, HasSubstr("    duration (duration, default 0"));
+  EXPECT_GE(builtin_callback_types().size(), 9u);
 }
 
 // ---- The shipped recipes ----

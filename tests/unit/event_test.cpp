@@ -1,5 +1,5 @@
 // Event names: Megatron-Bridge's 14 exact names plus the extensions, round trips and the unknown-name error.
-#include "training/event.h"
+#include "training/callbacks/event.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

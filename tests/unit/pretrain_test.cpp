@@ -366,6 +366,42 @@ TEST(PretrainSteps, CallbacksAsNothingAListOrAManager) {
   EXPECT_EQ(pretrain(config, gpt_forward_step).step, 1);
 }
 
+// A CallbackManager the caller owns (not a shared_ptr) is passed as it is.
+TEST(PretrainSteps, AManagerObjectIsTakenByReference) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 2;
+  CallbackManager manager;
+  int steps = 0;
+  manager.register_callback(Event::kTrainStepEnd, [&](CallbackContext&) { ++steps; });
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 2);
+  EXPECT_EQ(steps, 2);
+}
+
+// config.callbacks (a recipe's `callbacks:` list) are built and run after the caller's, for that run only: a threshold
+// every loss passes stops at the first log step; a bad option fails validation before anything is built.
+TEST(PretrainSteps, TheRecipesCallbacksAreBuiltAndRun) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 10;
+  config.callbacks = {{"ThresholdStopper", {{"monitor", "lm loss"}, {"threshold", "1000"}}}};
+  auto manager = std::make_shared<CallbackManager>();
+  std::vector<std::string> stopped_by;
+  manager->register_callback(Event::kTrainEnd, [&](CallbackContext&) { stopped_by.push_back("train end"); });
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 1);
+  EXPECT_EQ(stopped_by.size(), 1u);
+  EXPECT_FALSE(manager->has_callbacks(Event::kLog));               // it joined the caller's manager for that run only,
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 1);  // so a second run is the same
+  EXPECT_EQ(stopped_by.size(), 2u);
+  EXPECT_EQ(pretrain(config, gpt_forward_step).step, 1);  // and without a manager, one of its own
+
+  config.callbacks = {{"EarlyStopping", {{"patience", "0"}}}};
+  try {
+    pretrain(config, gpt_forward_step);
+    ADD_FAILURE() << "a patience of 0 trained";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), HasSubstr("callbacks[0]: EarlyStopping.patience is 0"));
+  }
+}
+
 TEST(PretrainConfig, ErrorsNameTheField) {
   auto expect_error = [](ConfigContainer config, const std::string& field) {
     try {

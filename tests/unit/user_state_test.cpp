@@ -1,5 +1,5 @@
 // UserState: typed storage, type errors naming the key and both types, and setdefault-style access.
-#include "training/user_state.h"
+#include "training/callbacks/user_state.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

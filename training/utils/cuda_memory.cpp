@@ -45,6 +45,17 @@ std::map<std::string, int64_t> cuda_memory_stats() {
   return stats;
 }
 
+std::optional<std::string> cuda_device_name() {
+#ifdef BRIDGE_WITH_CUDA
+  if (!torch::cuda::is_available()) return std::nullopt;
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, c10::cuda::current_device()) != cudaSuccess) return std::nullopt;
+  return std::string(properties.name);
+#else
+  return std::nullopt;
+#endif
+}
+
 std::optional<int64_t> cuda_free_bytes() {
 #ifdef BRIDGE_WITH_CUDA
   if (!torch::cuda::is_available()) return std::nullopt;

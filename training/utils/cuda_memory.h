@@ -16,6 +16,10 @@ bool cuda_memory_stats_available();
 /// "reserved_bytes.*", "allocation.all.current" and "num_alloc_retries"; empty without CUDA.
 std::map<std::string, int64_t> cuda_memory_stats();
 
+/// The current CUDA device's name ("NVIDIA H100 80GB HBM3"); nullopt without CUDA. Here because this is the one
+/// file compiled against CUDA.
+std::optional<std::string> cuda_device_name();
+
 /// Bytes free on the current CUDA device (cudaMemGetInfo); nullopt without CUDA.
 std::optional<int64_t> cuda_free_bytes();
 

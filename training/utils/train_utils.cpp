@@ -241,12 +241,18 @@ StatReport report_l2_norm_grad(const ModelChunks& model) {
   return report;
 }
 
+std::optional<double> seconds_per_time_unit(const std::string& time_unit) {
+  static const std::map<std::string, double> kSeconds = {
+      {"seconds", 1.0}, {"minutes", 60.0}, {"hours", 3600.0}, {"days", 86400.0}};
+  const auto it = kSeconds.find(time_unit);
+  if (it == kSeconds.end()) return std::nullopt;
+  return it->second;
+}
+
 StatReport report_runtime(const TrainState& train_state, double start_time, int64_t seq_length, int64_t train_iters,
                           const std::string& time_unit, double now) {
-  static const std::map<std::string, double> kDivisors = {
-      {"seconds", 1.0}, {"minutes", 60.0}, {"hours", 3600.0}, {"days", 86400.0}};
-  const auto divisor = kDivisors.find(time_unit);
-  if (divisor == kDivisors.end()) {
+  const std::optional<double> divisor = seconds_per_time_unit(time_unit);
+  if (!divisor) {
     throw std::invalid_argument("report_runtime: time unit '" + time_unit +
                                 "' is not one of seconds, minutes, hours, days (logging.runtime_time_unit)");
   }
@@ -254,12 +260,12 @@ StatReport report_runtime(const TrainState& train_state, double start_time, int6
   StatReport report;
   if (train_state.step > 0 && train_iters > 0) {
     const double done = static_cast<double>(train_state.step) / static_cast<double>(train_iters);
-    report.emplace_back("time/remaining_estimate", elapsed / done * (1.0 - done) / divisor->second);
+    report.emplace_back("time/remaining_estimate", elapsed / done * (1.0 - done) / *divisor);
   }
   report.emplace_back("time/tokens", train_state.consumed_train_samples * seq_length);
   report.emplace_back("time/samples", train_state.consumed_train_samples);
   report.emplace_back("time/batches", train_state.step);
-  report.emplace_back("time/total", elapsed / divisor->second);
+  report.emplace_back("time/total", elapsed / *divisor);
   return report;
 }
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "parallel/process_group.h"
-#include "training/callback_context.h"
+#include "training/callbacks/callback_context.h"
 #include "training/config.h"
 #include "training/state.h"
 
@@ -99,6 +99,9 @@ std::vector<double> align_to_names(const std::vector<std::string>& names,
 /// parameters: here "global" is the gradient norm of the whole model, the same on every rank and layout. Called after
 /// the optimizer step, as the loop does, it measures the gradients after clipping.
 StatReport report_l2_norm_grad(const ModelChunks& model);
+
+/// Seconds in one "seconds", "minutes", "hours" or "days"; nothing for another name.
+std::optional<double> seconds_per_time_unit(const std::string& time_unit);
 
 /// "time/remaining_estimate" (elapsed / done fraction x fraction left, omitted before the first step),
 /// "time/tokens", "time/samples", "time/batches", "time/total", times in `time_unit` (seconds, minutes, hours or

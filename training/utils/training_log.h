@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "training/callback_context.h"
+#include "training/callbacks/callback_context.h"
 
 namespace bridge::training::utils {
 

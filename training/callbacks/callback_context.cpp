@@ -1,11 +1,15 @@
 // CallbackContext: construction, control requests, and the absent-field error that names the providing events.
-#include "training/callback_context.h"
+#include "training/callbacks/callback_context.h"
 
 #include <stdexcept>
+#include <typeinfo>
 
+#include "bridge/models/gpt_model.h"
 #include "utils/strings.h"
+#include "utils/type_name.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 
 std::string_view to_string(ContextFieldId field) {
   switch (field) {
@@ -112,4 +116,21 @@ void CallbackContext::request(ControlAction action, std::string reason) {
   control_->request(action, std::move(reason), callback_name_ != nullptr ? *callback_name_ : std::string("?"), *event_);
 }
 
+models::GPTModelImpl& CallbackContext::gpt(std::size_t chunk) const {
+  if (chunk >= model.size()) {
+    throw std::out_of_range("ctx.gpt(" + std::to_string(chunk) + "): this rank holds " + std::to_string(model.size()) +
+                            " model chunk(s); chunks are numbered from 0 (one per virtual pipeline stage)");
+  }
+  auto* gpt = dynamic_cast<models::GPTModelImpl*>(model[chunk].get());
+  if (gpt == nullptr) {
+    const torch::nn::Module* module = model[chunk].get();
+    throw std::logic_error("ctx.gpt(" + std::to_string(chunk) + "): the chunk is " +
+                           (module == nullptr ? std::string("null") : bridge::utils::demangled_name(typeid(*module))) +
+                           ", not a GPT; read ctx.model[" + std::to_string(chunk) +
+                           "] as the module your provider built");
+  }
+  return *gpt;
+}
+
+}  // namespace callbacks
 }  // namespace bridge::training

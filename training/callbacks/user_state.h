@@ -16,6 +16,7 @@
 #include <vector>
 
 namespace bridge::training {
+inline namespace callbacks {
 
 /// The type a value of type T is stored as: its decayed type, except that C strings become std::string, so that
 /// set("name", "run") reads back as get<std::string>("name").
@@ -98,4 +99,5 @@ class UserState {
   std::unordered_map<std::string, std::any> values_;
 };
 
+}  // namespace callbacks
 }  // namespace bridge::training

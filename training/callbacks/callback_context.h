@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <map>
@@ -21,14 +22,21 @@
 #include <utility>
 #include <vector>
 
-#include "training/control.h"
-#include "training/event.h"
+#include "training/callbacks/control.h"
+#include "training/callbacks/event.h"
+#include "training/callbacks/user_state.h"
 #include "training/state.h"
-#include "training/user_state.h"
+
+namespace bridge::models {
+class GPTModelImpl;
+}  // namespace bridge::models
 
 namespace bridge::training {
 
 class OptimizerParamScheduler;
+
+inline namespace callbacks {
+
 class CallbackManager;
 class FireScope;
 
@@ -168,6 +176,12 @@ class CallbackContext {
   ContextField<CheckpointInfo, ContextFieldId::kCheckpoint> checkpoint;
   ContextField<ExceptionInfo, ContextFieldId::kException> exception;
 
+  /// Model chunk `chunk` as the GPT it is (ctx.model holds the chunks as plain modules), without a cast:
+  ///   const auto& config = ctx.gpt().config();
+  /// Throws std::out_of_range for a chunk this rank does not hold and std::logic_error, naming the module's type,
+  /// when the chunk is not a GPT.
+  models::GPTModelImpl& gpt(std::size_t chunk = 0) const;
+
   /// The event being fired (set by CallbackManager::fire).
   std::optional<Event> event() const noexcept { return event_; }
 
@@ -189,4 +203,5 @@ class CallbackContext {
   const std::string* callback_name_ = nullptr;
 };
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "parallel/process_group.h"
-#include "training/control.h"
+#include "training/callbacks/control.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 
 /// Requests per ControlAction (indexed by its value).
 using ControlCounts = std::array<int64_t, kNumControlActions>;
@@ -42,4 +43,5 @@ AgreedControl agree_on_control(TrainingControl* control, parallel::ProcessGroup&
 AgreedControl agree_on_control(const std::vector<ControlRequest>& requests, const ControlCounts& world_counts,
                                parallel::ProcessGroup& world);
 
+}  // namespace callbacks
 }  // namespace bridge::training

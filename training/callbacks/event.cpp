@@ -1,5 +1,5 @@
 // Event names: the single table that maps events to the names users register them by.
-#include "training/event.h"
+#include "training/callbacks/event.h"
 
 #include <stdexcept>
 #include <vector>
@@ -8,6 +8,7 @@
 #include "utils/strings.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 namespace {
 
 constexpr std::array<std::string_view, kNumEvents> kEventNames = {
@@ -72,4 +73,5 @@ const std::set<std::string, std::less<>>& valid_events() {
   return names;
 }
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -1,10 +1,11 @@
 // TrainingControl: the request queue behind ctx.request_stop/save/abort.
-#include "training/control.h"
+#include "training/callbacks/control.h"
 
 #include <algorithm>
 #include <utility>
 
 namespace bridge::training {
+inline namespace callbacks {
 
 std::string_view to_string(ControlAction action) {
   switch (action) {
@@ -31,4 +32,5 @@ bool TrainingControl::pending(ControlAction action) const {
 
 std::vector<ControlRequest> TrainingControl::take() { return std::exchange(requests_, {}); }
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -12,9 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "training/event.h"
+#include "training/callbacks/event.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 
 enum class ControlAction : std::uint8_t {
   kStop,   ///< Finish the current step, run on_train_end, return normally.
@@ -55,4 +56,5 @@ class TrainingControl {
   std::vector<ControlRequest> requests_;
 };
 
+}  // namespace callbacks
 }  // namespace bridge::training

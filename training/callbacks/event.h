@@ -14,6 +14,7 @@
 #include <string_view>
 
 namespace bridge::training {
+inline namespace callbacks {
 
 enum class Event : std::uint8_t {
   // Megatron-Bridge events.
@@ -61,4 +62,5 @@ Event event_from_name(std::string_view name);
 /// The set of valid event names (immutable; sorted).
 const std::set<std::string, std::less<>>& valid_events();
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -1,5 +1,5 @@
 // Converting callback state and user_state to checkpoint values and back.
-#include "training/callback_state.h"
+#include "training/callbacks/callback_state.h"
 
 #include <torch/torch.h>
 
@@ -15,6 +15,7 @@
 #include "utils/strings.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 namespace {
 
 using GenericDict = c10::impl::GenericDict;
@@ -276,4 +277,5 @@ void load_user_state(UserState& state, const c10::IValue& saved, const std::stri
   }
 }
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -23,10 +23,11 @@
 #include <map>
 #include <string>
 
-#include "training/callback_context.h"
-#include "training/event.h"
+#include "training/callbacks/callback_context.h"
+#include "training/callbacks/event.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 
 /// A callback's saved state: numbers, bool, string, tensor, and lists and string-keyed dicts of those (what PyTorch's
 /// weights-only loader opens).
@@ -84,4 +85,5 @@ class Callback {
   bool overrides(Event event) const;
 };
 
+}  // namespace callbacks
 }  // namespace bridge::training

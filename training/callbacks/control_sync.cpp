@@ -1,7 +1,8 @@
 // agree_on_control: request flags summed over the world, then the requests' descriptions gathered from every rank.
-#include "training/control_sync.h"
+#include "training/callbacks/control_sync.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 namespace {
 
 std::string describe(const ControlRequest& request, int rank) {
@@ -55,4 +56,5 @@ AgreedControl agree_on_control(const std::vector<ControlRequest>& requests, cons
   return agreed;
 }
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -1,5 +1,5 @@
 // Callback: the event -> handler table and override detection.
-#include "training/callback.h"
+#include "training/callbacks/callback.h"
 
 #include <array>
 #include <typeinfo>
@@ -8,6 +8,7 @@
 #include "utils/virtual_override.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 namespace {
 
 // In Event's declaration order; tests check every entry.
@@ -82,4 +83,5 @@ bool Callback::overrides(Event event) const {
   return utils::overrides(*this, kBase, method_for(event));
 }
 
+}  // namespace callbacks
 }  // namespace bridge::training

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "training/callback_manager.h"
+#include "training/callbacks/callback_manager.h"
 
 namespace bridge::training {
+inline namespace callbacks {
 
 /// {state_key: state_dict} of the manager's stateful callbacks.
 c10::IValue save_callback_states(const CallbackManager& manager);
@@ -32,4 +33,5 @@ c10::IValue to_plain_ivalue(const c10::IValue& value);
 /// The reverse for homogeneous lists: ints, doubles, bools, strings or tensors become typed lists again.
 c10::IValue to_typed_ivalue(const c10::IValue& value);
 
+}  // namespace callbacks
 }  // namespace bridge::training

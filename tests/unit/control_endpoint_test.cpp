@@ -1,0 +1,272 @@
+// ControlEndpoint against a real HTTP client over loopback (cpp-httplib's): status and Prometheus metrics from the
+// last log step, POSTs that become control requests at the next step's end, bearer-token auth (401 changes
+// nothing), wrong methods, unknown paths, oversized and malformed requests, many concurrent clients, and the server
+// gone when training ends. Across ranks, a stop sent to a running job ends every rank at the same step:
+// gpt_dist_test's GptBuiltins.
+#include "training/callbacks/control_endpoint.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "training/callbacks/callback_manager.h"
+#include "training/config.h"
+
+namespace bridge::training {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+// A manager with one ControlEndpoint and the events the loop fires at it.
+class EndpointTest : public ::testing::Test {
+ protected:
+  void start(ControlEndpointOptions options = {}) {
+    endpoint_ = std::make_shared<ControlEndpoint>(std::move(options));
+    manager_.add(endpoint_);
+    config_.train.train_iters = 100;
+    state_.cfg = &config_;
+    fire(Event::kTrainStart);
+    ASSERT_GT(endpoint_->port(), 0);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", endpoint_->port());
+    client_->set_connection_timeout(5);
+    client_->set_read_timeout(5);
+  }
+  void TearDown() override {
+    if (endpoint_ && endpoint_->port() > 0) fire(Event::kTrainEnd);
+  }
+  template <class Fill>
+  void fire(Event event, Fill&& fill) {
+    CallbackContext ctx(state_, model_, manager_.user_state());
+    fill(ctx);
+    manager_.fire(event, ctx);
+  }
+  void fire(Event event) {
+    fire(event, [](CallbackContext&) {});
+  }
+  void log(std::map<std::string, double> metrics) {
+    LogRecord record;
+    record.metrics = std::move(metrics);
+    fire(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
+  }
+  // A step's end, where queued commands become requests; returns them.
+  std::vector<ControlRequest> step_end() {
+    fire(Event::kTrainStepEnd);
+    state_.train_state.step += 1;
+    return manager_.control().take();
+  }
+
+  CallbackManager manager_;
+  ConfigContainer config_;
+  GlobalState state_;
+  ModelChunks model_;
+  std::shared_ptr<ControlEndpoint> endpoint_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(EndpointTest, StatusAndMetricsShowTheLastLogStep) {
+  start();
+  state_.train_state.step = 7;
+  log({{"lm loss", 3.5}, {"learning-rate", 1e-4}, {"throughput/tokens_per_sec", 1234.0}});
+  fire(Event::kEvalEnd, [](CallbackContext& ctx) {
+    ctx.total_loss_dict = LossDict{{"lm loss", torch::tensor(3.25, torch::kDouble)}};
+  });
+  const auto status = client_->Get("/status");
+  ASSERT_TRUE(status) << httplib::to_string(status.error());
+  EXPECT_EQ(status->status, 200);
+  EXPECT_EQ(status->get_header_value("Content-Type"), "application/json");
+  const nlohmann::json body = nlohmann::json::parse(status->body);
+  EXPECT_EQ(body["state"], "training");
+  EXPECT_EQ(body["step"], 7);
+  EXPECT_EQ(body["train_iters"], 100);
+  EXPECT_EQ(body["loss"], 3.5);
+  EXPECT_EQ(body["lr"], 1e-4);
+  EXPECT_EQ(body["tokens_per_sec"], 1234.0);
+  EXPECT_EQ(body["validation"]["lm loss"], 3.25);
+  EXPECT_EQ(body["layout"]["world_size"], 1);
+
+  const auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body, HasSubstr("# TYPE bridge_lm_loss gauge\nbridge_lm_loss 3.5\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("bridge_throughput_tokens_per_sec 1234\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("bridge_lm_loss_validation 3.25\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("bridge_step 7\n"));
+}
+
+TEST_F(EndpointTest, PostsBecomeControlRequestsAtTheNextStepEnd) {
+  start();
+  const auto stop = client_->Post("/stop", "", "text/plain");
+  ASSERT_TRUE(stop);
+  EXPECT_EQ(stop->status, 202);
+  EXPECT_EQ(nlohmann::json::parse(stop->body)["accepted"], "stop");
+  const auto save = client_->Post("/save", "before the learning-rate drop", "text/plain");
+  ASSERT_TRUE(save);
+  EXPECT_EQ(save->status, 202);
+  const std::vector<ControlRequest> requests = step_end();
+  ASSERT_THAT(requests, SizeIs(2));
+  EXPECT_EQ(requests[0].action, ControlAction::kStop);
+  EXPECT_EQ(requests[0].callback, "ControlEndpoint");
+  EXPECT_EQ(requests[0].event, Event::kTrainStepEnd);
+  EXPECT_EQ(requests[0].reason, "POST /stop from 127.0.0.1");
+  EXPECT_EQ(requests[1].action, ControlAction::kSave);
+  EXPECT_EQ(requests[1].reason, "POST /save from 127.0.0.1: before the learning-rate drop");
+  EXPECT_THAT(step_end(), IsEmpty());  // taken once
+  ASSERT_EQ(client_->Post("/abort", "", "text/plain")->status, 202);
+  const auto abort = step_end();
+  ASSERT_THAT(abort, SizeIs(1));
+  EXPECT_EQ(abort[0].action, ControlAction::kAbort);
+}
+
+TEST_F(EndpointTest, WithATokenEveryRequestWithoutItGets401AndChangesNothing) {
+  ASSERT_EQ(::setenv("BRIDGE_TEST_CONTROL_TOKEN", "s3cret-token", 1), 0);
+  ControlEndpointOptions options;
+  options.token_env = "BRIDGE_TEST_CONTROL_TOKEN";
+  start(options);
+  ::unsetenv("BRIDGE_TEST_CONTROL_TOKEN");
+  EXPECT_TRUE(endpoint_->requires_token());
+  for (const char* header : {"", "Bearer wrong", "Bearer s3cret-toke", "Bearer s3cret-token2", "s3cret-token"}) {
+    httplib::Headers headers;
+    if (*header != '\0') headers.emplace("Authorization", header);
+    const auto stop = client_->Post("/stop", headers, "", "text/plain");
+    ASSERT_TRUE(stop);
+    EXPECT_EQ(stop->status, 401) << header;
+    EXPECT_EQ(stop->get_header_value("WWW-Authenticate"), "Bearer");
+    EXPECT_EQ(client_->Get("/status", headers)->status, 401) << header;
+    EXPECT_EQ(client_->Get("/metrics", headers)->status, 401) << header;
+  }
+  EXPECT_THAT(step_end(), IsEmpty());
+  const httplib::Headers good = {{"Authorization", "Bearer s3cret-token"}};
+  EXPECT_EQ(client_->Get("/status", good)->status, 200);
+  EXPECT_EQ(client_->Post("/stop", good, "", "text/plain")->status, 202);
+  EXPECT_THAT(step_end(), SizeIs(1));
+}
+
+TEST(ControlEndpointOptions, AnotherAddressThanLoopbackNeedsAToken) {
+  ControlEndpointOptions options;
+  options.host = "0.0.0.0";
+  options.token_env = "BRIDGE_TEST_UNSET_TOKEN";
+  try {
+    ControlEndpoint endpoint(options);
+    ADD_FAILURE() << "bound 0.0.0.0 without a token";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(), HasSubstr("ControlEndpoint.host is 0.0.0.0: an address other than loopback needs a "
+                                        "bearer token"));
+    EXPECT_THAT(error.what(), HasSubstr("BRIDGE_TEST_UNSET_TOKEN"));
+  }
+  const std::filesystem::path token = std::filesystem::temp_directory_path() / "bridge_control_token_test";
+  std::ofstream(token) << "from-a-file\n";
+  options.token_file = token.string();
+  const ControlEndpoint endpoint(options);
+  EXPECT_TRUE(endpoint.requires_token());
+  std::ofstream(token) << "";
+  EXPECT_THROW(ControlEndpoint{options}, std::invalid_argument);  // an empty token file
+  std::filesystem::remove(token);
+  EXPECT_THROW(ControlEndpoint{options}, std::invalid_argument);  // a missing one
+  options = {};
+  options.port = 70000;
+  EXPECT_THROW(ControlEndpoint{options}, std::invalid_argument);
+}
+
+TEST_F(EndpointTest, WrongMethodsUnknownPathsOversizedAndMalformedRequests) {
+  ControlEndpointOptions options;
+  options.max_body_bytes = 16;
+  start(options);
+  const auto get_stop = client_->Get("/stop");
+  ASSERT_TRUE(get_stop);
+  EXPECT_EQ(get_stop->status, 405);
+  EXPECT_EQ(get_stop->get_header_value("Allow"), "POST");
+  EXPECT_EQ(client_->Post("/status", "", "text/plain")->status, 405);
+  EXPECT_EQ(client_->Delete("/metrics")->status, 405);
+  const auto unknown = client_->Get("/shutdown");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_THAT(unknown->body, HasSubstr("the endpoints are GET /status"));
+  const auto big = client_->Post("/stop", std::string(1000, 'x'), "text/plain");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+
+  // Not HTTP at all, on a raw socket: a 400, and the server keeps serving.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(endpoint_->port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string garbage = "\x01\x02 NOT-HTTP \xff\r\n\r\n";
+  ASSERT_EQ(::send(fd, garbage.data(), garbage.size(), 0), static_cast<ssize_t>(garbage.size()));
+  char reply[256] = {};
+  const ssize_t got = ::recv(fd, reply, sizeof(reply) - 1, 0);
+  ::close(fd);
+  ASSERT_GT(got, 0);
+  EXPECT_THAT(std::string(reply, static_cast<std::size_t>(got)), HasSubstr("400"));
+  EXPECT_THAT(step_end(), IsEmpty());  // none of it queued anything
+  EXPECT_EQ(client_->Get("/status")->status, 200);
+}
+
+TEST_F(EndpointTest, ManyConcurrentClientsWhileTrainingLogs) {
+  start();
+  std::atomic<bool> done{false};
+  std::thread trainer([&] {
+    for (int step = 0; !done.load(); ++step) {
+      state_.train_state.step = step;
+      log({{"lm loss", 1.0 + step}});
+    }
+  });
+  std::atomic<int> ok{0}, posted{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 16; ++c) {
+    clients.emplace_back([&, c] {
+      httplib::Client client("127.0.0.1", endpoint_->port());
+      for (int i = 0; i < 20; ++i) {
+        const auto status = client.Get(c % 4 == 0 ? "/metrics" : "/status");
+        if (status && status->status == 200) ++ok;
+      }
+      if (c % 8 == 0) {
+        const auto save = client.Post("/save", "", "text/plain");
+        if (save && save->status == 202) ++posted;
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  done = true;
+  trainer.join();
+  EXPECT_EQ(ok.load(), 16 * 20);
+  EXPECT_EQ(posted.load(), 2);
+  EXPECT_THAT(step_end(), SizeIs(2));
+}
+
+TEST_F(EndpointTest, TheServerEndsWithTrainingAndTheEndpointFileNamesIt) {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "bridge_endpoint_test.url";
+  ControlEndpointOptions options;
+  options.endpoint_file = file.string();
+  start(options);
+  std::ifstream written(file);
+  std::string url;
+  std::getline(written, url);
+  EXPECT_EQ(url, "http://127.0.0.1:" + std::to_string(endpoint_->port()));
+  const int port = endpoint_->port();
+  fire(Event::kTrainEnd);
+  EXPECT_EQ(endpoint_->port(), 0);
+  httplib::Client after("127.0.0.1", port);
+  after.set_connection_timeout(1);
+  EXPECT_FALSE(after.Get("/status"));  // nothing listens any more
+  std::filesystem::remove(file);
+}
+
+}  // namespace
+}  // namespace bridge::training
