@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
                            "--steps and --repeats must be positive, --warmup-steps and --sleep-ms not negative");
     bridge::parallel::init_distributed();
     ConfigContainer config = bridge::bench::gpt_bench_config(args);
+    config.train.global_batch_size = config.train.micro_batch_size;  // one micro-batch per step
     config.train.train_iters = warmup + steps;
     config.train.num_threads = args["threads"].as<int>();
     config.logging.log_interval = 1;  // on_log every step: both observers see every step
