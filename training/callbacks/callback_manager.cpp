@@ -97,8 +97,7 @@ void CallbackManager::register_observer(Event event, ObserverFn fn, ObserverOpti
   AsyncObserver* observer = observers_.back().get();
   // The snapshot is taken on the loop's thread, while the context is alive; the function runs on the observer's.
   register_callback(
-      event, [observer, event](CallbackContext& ctx) { observer->push(snapshot_of(event, ctx)); }, options.name,
-      ranks);
+      event, [observer, event](CallbackContext& ctx) { observer->push(snapshot_of(event, ctx)); }, options.name, ranks);
 }
 
 CallbackManager::Mark CallbackManager::mark() const {
@@ -217,9 +216,10 @@ void CallbackManager::log_isolated(const Registration& registration, Event event
   }
   Isolation& isolation = *registration.isolation;
   isolation.disabled = ++isolation.failures >= isolation.max_failures;
-  bridge::utils::logger().error("callback '{}' failed in {} (failure {} of {} allowed; isolated, training goes on){}: {}",
-                                registration.name, to_string(event), isolation.failures, isolation.max_failures,
-                                isolation.disabled ? "; it is now disabled" : "", what);
+  bridge::utils::logger().error(
+      "callback '{}' failed in {} (failure {} of {} allowed; isolated, training goes on){}: {}", registration.name,
+      to_string(event), isolation.failures, isolation.max_failures, isolation.disabled ? "; it is now disabled" : "",
+      what);
 }
 
 void CallbackManager::rethrow_wrapped(const Registration& registration, Event event) {
