@@ -116,21 +116,31 @@ struct Codec<std::string> {
   static void emit(YAML::Emitter& out, const std::string& value) { out << value; }
 };
 
-template <>
-struct Codec<std::vector<std::string>> {
-  static std::string type() { return "list of strings"; }
-  static std::optional<std::vector<std::string>> parse(const YAML::Node& node) {
-    if (is_null(node)) return std::vector<std::string>();
-    if (node.IsScalar()) return std::vector<std::string>{node.Scalar()};  // one item needs no brackets
+template <class T>
+struct Codec<std::vector<T>> {
+  static std::string type() { return "list of " + Codec<T>::type() + "s"; }
+  static std::optional<std::vector<T>> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::vector<T>();
+    if (node.IsScalar()) {  // one item needs no brackets
+      std::optional<T> item = Codec<T>::parse(node);
+      if (!item) return std::nullopt;
+      return std::vector<T>{std::move(*item)};
+    }
     if (!node.IsSequence()) return std::nullopt;
-    std::vector<std::string> items;
-    for (const YAML::Node& item : node) {
-      if (!item.IsScalar()) return std::nullopt;
-      items.push_back(item.Scalar());
+    std::vector<T> items;
+    for (const YAML::Node& node_item : node) {
+      if (!node_item.IsScalar()) return std::nullopt;
+      std::optional<T> item = Codec<T>::parse(node_item);
+      if (!item) return std::nullopt;
+      items.push_back(std::move(*item));
     }
     return items;
   }
-  static void emit(YAML::Emitter& out, const std::vector<std::string>& value) { out << YAML::Flow << value; }
+  static void emit(YAML::Emitter& out, const std::vector<T>& value) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const T& item : value) Codec<T>::emit(out, item);
+    out << YAML::EndSeq;
+  }
 };
 
 template <class T>
@@ -717,6 +727,7 @@ BRIDGE_CONFIG_VALUE(bool)
 BRIDGE_CONFIG_VALUE(std::string)
 BRIDGE_CONFIG_VALUE(milliseconds)
 BRIDGE_CONFIG_VALUE(std::vector<std::string>)
+BRIDGE_CONFIG_VALUE(std::vector<int64_t>)
 BRIDGE_CONFIG_VALUE(std::optional<int64_t>)
 BRIDGE_CONFIG_VALUE(std::optional<double>)
 BRIDGE_CONFIG_VALUE(std::optional<bool>)

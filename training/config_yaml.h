@@ -60,8 +60,8 @@ void apply_override(ConfigContainer& config, std::string_view assignment);
 
 /// A value written in YAML (`3`, `0.5`, `true`, `10min`, `[a, b]`, `null`) read as T the way config keys are read;
 /// throws ConfigError "<where> must be <a type>, got <the value>". T is int, int64_t, double, bool, std::string,
-/// std::chrono::milliseconds (a duration with its unit), std::vector<std::string>, or std::optional of int64_t,
-/// double or bool. The callbacks' options are read with it (training/callbacks/registry.h).
+/// std::chrono::milliseconds (a duration with its unit), std::vector of std::string or int64_t, or std::optional of
+/// int64_t, double or bool. The callbacks' options are read with it (training/callbacks/registry.h).
 template <class T>
 T parse_config_value(std::string_view text, std::string_view where);
 /// T's name in --help: "int", "float", "duration", "float or null", ...

@@ -262,6 +262,7 @@ void TrainingLogger::write(const LogRecord& record, const LossDict& loss_dict, i
                               std::find(std::begin(kVsSamples), std::end(kVsSamples), name) != std::end(kVsSamples);
       if (tensorboard_ && vs_samples) tensorboard_->add_scalar(name + " vs samples", value, samples);
     }
+    for (const auto& [tag, text] : record.texts) writer_->add_text(tag, text, iteration);
     writer_->flush();
   } catch (const std::exception& e) {
     // Only this rank writes: keep training to the next log step, whose collective fails every rank together.

@@ -34,6 +34,10 @@ void FanoutWriter::add_scalar(const std::string& tag, double value, int64_t step
   call_each(writers_, [&](MetricWriter& writer) { writer.add_scalar(tag, value, step); });
 }
 
+void FanoutWriter::add_text(const std::string& tag, const std::string& text, int64_t step) {
+  call_each(writers_, [&](MetricWriter& writer) { writer.add_text(tag, text, step); });
+}
+
 void FanoutWriter::flush() {
   call_each(writers_, [](MetricWriter& writer) { writer.flush(); });
 }

@@ -10,8 +10,8 @@
 
 namespace bridge::utils {
 
-/// Forwards every add_scalar and flush to each of its writers, in the order given. A writer that throws does not
-/// stop the others: every writer gets the call, then the first error is rethrown (so one full disk does not also
+/// Forwards every add_scalar, add_text and flush to each of its writers, in the order given. A writer that throws does
+/// not stop the others: every writer gets the call, then the first error is rethrown (so one full disk does not also
 /// cost the metrics of the other sinks).
 class FanoutWriter : public MetricWriter {
  public:
@@ -19,6 +19,7 @@ class FanoutWriter : public MetricWriter {
   explicit FanoutWriter(std::vector<std::shared_ptr<MetricWriter>> writers);
 
   void add_scalar(const std::string& tag, double value, int64_t step) override;
+  void add_text(const std::string& tag, const std::string& text, int64_t step) override;
   void flush() override;
 
   /// The non-null writers, in order.

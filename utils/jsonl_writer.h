@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "utils/metric_writer.h"
@@ -16,7 +17,8 @@ namespace bridge::utils {
 /// Groups the scalars of one step into one line, keys in the order they were added:
 ///   {"step": 10, "lm loss": 2.31, "learning-rate": 0.0003}
 /// A line is written when a scalar of another step arrives, or on flush(). Non-finite values are written as null
-/// (JSON has no NaN). A tag added twice at one step keeps its first position and its last value.
+/// (JSON has no NaN); texts are JSON strings, invalid UTF-8 replaced by U+FFFD. A tag added twice at one step keeps
+/// its first position and its last value.
 class JsonlWriter : public MetricWriter {
  public:
   /// Opens `path` for appending, creating its parent directories, so a resumed run continues the same file. Throws
@@ -25,18 +27,20 @@ class JsonlWriter : public MetricWriter {
   /// Writes the pending line and flushes; errors are ignored here (call flush() to see them).
   ~JsonlWriter() override;
 
-  /// Throws std::invalid_argument for the tag "step", which every line already uses for the step.
+  /// Both throw std::invalid_argument for the tag "step", which every line already uses for the step.
   void add_scalar(const std::string& tag, double value, int64_t step) override;
+  void add_text(const std::string& tag, const std::string& text, int64_t step) override;
   void flush() override;
 
   const std::string& path() const { return file_->path(); }
 
  private:
+  void add(const std::string& tag, std::variant<double, std::string> value, int64_t step);
   void write_pending_line();
 
   std::unique_ptr<OutputFile> file_;
   std::optional<int64_t> pending_step_;
-  std::vector<std::pair<std::string, double>> pending_;  // this step's scalars, in the order added
+  std::vector<std::pair<std::string, std::variant<double, std::string>>> pending_;  // this step's, in the order added
 };
 
 }  // namespace bridge::utils

@@ -7,13 +7,16 @@
 
 namespace bridge::utils {
 
-/// A sink for scalar metrics, modelled on TensorBoard's SummaryWriter. Implementations are not thread-safe: the loop
-/// writes from one thread.
+/// A sink for scalar metrics and texts, modelled on TensorBoard's SummaryWriter. Implementations are not thread-safe:
+/// the loop writes from one thread.
 class MetricWriter {
  public:
   virtual ~MetricWriter() = default;
   /// One scalar under `tag` at `step` (TensorBoard's add_scalar). Tags may contain spaces and '/'.
   virtual void add_scalar(const std::string& tag, double value, int64_t step) = 0;
+  /// A text (UTF-8; invalid bytes may be replaced) under `tag` at `step` (TensorBoard's add_text), e.g. the
+  /// continuations TextGenerator writes.
+  virtual void add_text(const std::string& tag, const std::string& text, int64_t step) = 0;
   /// Makes everything written so far visible to readers (the loop calls it after each log point and at the end).
   virtual void flush() = 0;
 };

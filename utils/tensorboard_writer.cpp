@@ -1,9 +1,15 @@
-// The event file format behind utils/tensorboard_writer.h. The three protobuf messages involved (Event, Summary,
-// Summary.Value) are encoded by hand: five fields do not justify generated code, and there are no .proto files here.
+// The event file format behind utils/tensorboard_writer.h. The protobuf messages involved are encoded by hand: a
+// dozen fields do not justify generated code, and there are no .proto files here.
 //
 //   message Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 //   message Summary { repeated Value value = 1; }
-//   message Value   { string tag = 1; float simple_value = 2; }
+//   message Value   { string tag = 1; float simple_value = 2; TensorProto tensor = 8; SummaryMetadata metadata = 9; }
+//
+// A text is a string tensor of shape [1] marked for the text plugin, as torch.utils.tensorboard's add_text writes it:
+//
+//   message SummaryMetadata  { PluginData plugin_data = 1; }   message PluginData { string plugin_name = 1; }
+//   message TensorProto      { DataType dtype = 1; TensorShapeProto tensor_shape = 2; repeated bytes string_val = 8; }
+//   message TensorShapeProto { repeated Dim dim = 2; }          message Dim { int64 size = 1; }
 //
 // Each event is one TFRecord: uint64 length, masked CRC32C of those 8 bytes, the bytes, masked CRC32C of the bytes,
 // all little-endian.
@@ -118,6 +124,32 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
   std::string summary_value;
   put_bytes(summary_value, 1, tag);
   put_float(summary_value, 2, to_float(value));
+  write_summary_value(summary_value, step);
+}
+
+void TensorBoardWriter::add_text(const std::string& tag, const std::string& text, int64_t step) {
+  constexpr int64_t kDtString = 7;  // tensorflow.DataType.DT_STRING
+  std::string dim;
+  put_int64(dim, 1, 1);
+  std::string shape;
+  put_bytes(shape, 2, dim);
+  std::string tensor;
+  put_int64(tensor, 1, kDtString);
+  put_bytes(tensor, 2, shape);
+  put_bytes(tensor, 8, text);
+  std::string plugin_data;
+  put_bytes(plugin_data, 1, "text");
+  std::string metadata;
+  put_bytes(metadata, 1, plugin_data);
+
+  std::string summary_value;
+  put_bytes(summary_value, 1, tag);
+  put_bytes(summary_value, 8, tensor);
+  put_bytes(summary_value, 9, metadata);
+  write_summary_value(summary_value, step);
+}
+
+void TensorBoardWriter::write_summary_value(const std::string& summary_value, int64_t step) {
   std::string summary;
   put_bytes(summary, 1, summary_value);
 

@@ -22,6 +22,7 @@ class TensorBoardWriter : public MetricWriter {
   ~TensorBoardWriter() override;
 
   void add_scalar(const std::string& tag, double value, int64_t step) override;
+  void add_text(const std::string& tag, const std::string& text, int64_t step) override;
   void flush() override;
 
   const std::string& log_dir() const { return log_dir_; }
@@ -29,6 +30,7 @@ class TensorBoardWriter : public MetricWriter {
   const std::string& file_path() const { return file_->path(); }
 
  private:
+  void write_summary_value(const std::string& summary_value, int64_t step);  // one Summary.Value as an event
   void write_record(const std::string& event);
 
   std::string log_dir_;

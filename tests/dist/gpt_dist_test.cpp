@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -282,6 +283,44 @@ TEST(GptBuiltins, EarlyStoppingOnTheLastStageStopsEveryRankAndTheMonitorsReachTh
   EXPECT_TRUE(first.empty()) << first;
   EXPECT_THAT(last, HasSubstr("step 1/10 ["));
   EXPECT_THAT(last, HasSubstr("step 4/10 [############------------------]  40% | loss "));
+  fs::remove_all(directory);
+}
+
+// TextGenerator across tensor, pipeline and virtual-pipeline ranks: every rank of tp2 x pp2 x vpp2 reaches the
+// continuation a single process reaches from the same weights; the last rank writes the texts; the Profiler writes a
+// trace on every rank.
+TEST(GptBuiltins, TextGeneratorAgreesAcrossLayoutsAndTheProfilerTracesEveryRank) {
+  const auto tokens_of = [](const fs::path& directory, int rank) {
+    std::ifstream file(directory / ("tokens_rank" + std::to_string(rank) + ".txt"));
+    return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  };
+  const fs::path single = fresh_directory("generate1");
+  const auto reference = run_ranks(kWorker, {"generate", single.string(), "1", "1", "0"}, 1, std::chrono::seconds(120));
+  ASSERT_EQ(reference[0].exit_code, 0) << describe(reference);
+  const std::string expected = tokens_of(single, 0);
+  ASSERT_EQ(std::count(expected.begin(), expected.end(), ' '), 16) << expected;  // 2 prompts x 8 tokens
+
+  const fs::path directory = fresh_directory("generate4");
+  const auto results =
+      run_ranks(kWorker, {"generate", directory.string(), "2", "2", "2"}, 4, std::chrono::seconds(180));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << describe(results);
+    EXPECT_EQ(tokens_of(directory, rank), expected) << "rank " << rank;
+    const fs::path trace = directory / "profile" / ("trace_rank" + std::to_string(rank) + ".json");
+    std::ifstream file(trace);
+    ASSERT_TRUE(file) << trace;
+    const nlohmann::json events = nlohmann::json::parse(file);
+    EXPECT_TRUE(std::any_of(events.begin(), events.end(), [](const auto& e) { return e["name"] == "ProfilerStep#1"; }))
+        << trace;
+  }
+  std::ifstream jsonl(directory / "metrics.jsonl");
+  std::string line, texts;
+  while (std::getline(jsonl, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("text_generation/prompt_1")) texts += std::to_string(record["step"].get<int>()) + " ";
+  }
+  EXPECT_EQ(texts, "2 ") << "the texts are written once, at step 2";
+  fs::remove_all(single);
   fs::remove_all(directory);
 }
 

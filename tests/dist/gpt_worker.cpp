@@ -205,6 +205,36 @@ int run_endpoint(const std::string& out_dir) {
   return 0;
 }
 
+// TextGenerator and Profiler from a recipe in layout (tp, pp, vpp): each rank writes the greedy continuation of the
+// untrained model (generated at on_train_start, so every layout starts from the same weights) to
+// <out_dir>/tokens_rank<r>.txt; the recipe's generator writes its texts at step 2 and the profiler one trace per rank.
+int run_generate(const std::string& out_dir, int tp, int pp, int vpp) {
+  ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, /*steps=*/2);
+  config.model.vocab_size = 257;       // the byte-level tokenizer's ids
+  config.model.init_method_std = 0.5;  // decided preferences: no near-ties for rounding to flip between layouts
+  config.logging.jsonl_path = out_dir + "/metrics.jsonl";
+  apply_override(config,
+                 "callbacks=[{type: TextGenerator, prompts: [Hello, a longer prompt], interval: 2, max_new_tokens: 5},"
+                 " {type: Profiler, start_step: 1, num_steps: 1, output_dir: '" +
+                     out_dir + "/profile'}]");
+  TextGeneratorOptions options;
+  options.prompts = {"Hello", "a longer prompt"};
+  options.max_new_tokens = 8;
+  options.stop_at_eod = false;
+  TextGenerator generator(options);
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(Event::kTrainStart, [&](CallbackContext& ctx) {
+    std::string lines;
+    for (const GeneratedText& text : generator.generate(ctx, 0)) {
+      for (const int64_t token : text.tokens) lines += std::to_string(token) + " ";
+      lines += "\n";
+    }
+    std::ofstream(out_dir + "/tokens_rank" + std::to_string(parallel::get_rank()) + ".txt") << lines;
+  });
+  pretrain(config, gpt_forward_step, manager);
+  return 0;
+}
+
 int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& save,
                const std::string& load) {
   auto manager = std::make_shared<CallbackManager>();
@@ -312,7 +342,8 @@ int main(int argc, char** argv) {
       "       gpt_worker bad_data\n"
       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n"
       "       gpt_worker builtins <out_dir>\n"
-      "       gpt_worker endpoint <out_dir>\n",
+      "       gpt_worker endpoint <out_dir>\n"
+      "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0>\n",
       [&](const std::string& scenario) {
         if (scenario == "parity" && (argc == 7 || argc == 8)) {
           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
@@ -329,6 +360,9 @@ int main(int argc, char** argv) {
         }
         if (scenario == "builtins" && argc == 3) return run_builtins(argv[2]);
         if (scenario == "endpoint" && argc == 3) return run_endpoint(argv[2]);
+        if (scenario == "generate" && argc == 6) {
+          return run_generate(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+        }
         if (scenario == "control" && argc == 6) {
           return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
         }

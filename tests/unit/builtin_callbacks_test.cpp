@@ -17,6 +17,7 @@
 #include "bridge/models/gpt_model.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
+#include "tests/unit/callback_test_support.h"
 #include "training/callbacks.h"
 #include "training/config.h"
 #include "training/utils/flop_utils.h"
@@ -28,6 +29,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
+using testing::what_of;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -83,15 +85,6 @@ class Driver {
   ModelChunks model_{torch::nn::Linear(4, 4).ptr()};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
 };
-
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 
 // --- MetricMonitor -----------------------------------------------------------------------------------------------
 

@@ -84,13 +84,16 @@ TEST_F(EndpointTest, StatusAndMetricsShowTheLastLogStep) {
   fire(Event::kEvalEnd, [](CallbackContext& ctx) {
     ctx.total_loss_dict = LossDict{{"lm loss", torch::tensor(3.25, torch::kDouble)}};
   });
+  fire(Event::kTrainStepEnd, [](CallbackContext&) {});  // step 8 ends; no log step
+  state_.train_state.step = 8;
   const auto status = client_->Get("/status");
   ASSERT_TRUE(status) << httplib::to_string(status.error());
   EXPECT_EQ(status->status, 200);
   EXPECT_EQ(status->get_header_value("Content-Type"), "application/json");
   const nlohmann::json body = nlohmann::json::parse(status->body);
   EXPECT_EQ(body["state"], "training");
-  EXPECT_EQ(body["step"], 7);
+  EXPECT_EQ(body["step"], 8) << "the steps done";
+  EXPECT_EQ(body["logged_step"], 7) << "the step the metrics are from";
   EXPECT_EQ(body["train_iters"], 100);
   EXPECT_EQ(body["loss"], 3.5);
   EXPECT_EQ(body["lr"], 1e-4);
@@ -104,7 +107,7 @@ TEST_F(EndpointTest, StatusAndMetricsShowTheLastLogStep) {
   EXPECT_THAT(metrics->body, HasSubstr("# TYPE bridge_lm_loss gauge\nbridge_lm_loss 3.5\n"));
   EXPECT_THAT(metrics->body, HasSubstr("bridge_throughput_tokens_per_sec 1234\n"));
   EXPECT_THAT(metrics->body, HasSubstr("bridge_lm_loss_validation 3.25\n"));
-  EXPECT_THAT(metrics->body, HasSubstr("bridge_step 7\n"));
+  EXPECT_THAT(metrics->body, HasSubstr("bridge_step 8\n"));
 }
 
 TEST_F(EndpointTest, PostsBecomeControlRequestsAtTheNextStepEnd) {

@@ -239,6 +239,10 @@ class RecordingWriter : public MetricWriter {
     log_->push_back(name_ + " add " + tag + " " + text + " " + std::to_string(step));
     if (throws_) throw std::runtime_error(name_ + " failed");
   }
+  void add_text(const std::string& tag, const std::string& text, int64_t step) override {
+    log_->push_back(name_ + " text " + tag + " " + text + " " + std::to_string(step));
+    if (throws_) throw std::runtime_error(name_ + " failed");
+  }
   void flush() override {
     log_->push_back(name_ + " flush");
     if (throws_) throw std::runtime_error(name_ + " failed");
@@ -333,11 +337,18 @@ struct ScalarEvent {
   double value;  // as TensorBoard stores it: a float
 };
 
+struct TextEvent {
+  std::string tag;
+  int64_t step;
+  std::vector<std::string> text;  // the string tensor's elements
+};
+
 const char* const kInstallHint = "run scripts/install_deps.sh, which creates <repo>/.venv with the tensorboard package";
 
 // The scalars of `event_file` as TensorBoard's EventAccumulator reads them, ordered by tag then as written; also
-// checks the file version and that wall times fall in [earliest, latest].
-std::vector<ScalarEvent> read_with_tensorboard(const fs::path& event_file, double earliest, double latest) {
+// checks the file version and that wall times fall in [earliest, latest]. The texts go to `texts` when given.
+std::vector<ScalarEvent> read_with_tensorboard(const fs::path& event_file, double earliest, double latest,
+                                               std::vector<TextEvent>* texts = nullptr) {
   const std::string python = BRIDGE_TOOLS_PYTHON;
   if (!fs::exists(python)) {
     ADD_FAILURE() << "the Python for the TensorBoard reader, " << python << ", does not exist; " << kInstallHint
@@ -373,6 +384,11 @@ std::vector<ScalarEvent> read_with_tensorboard(const fs::path& event_file, doubl
     EXPECT_GE(wall_time, earliest);
     EXPECT_LE(wall_time, latest);
     events.push_back({item["tag"].get<std::string>(), item["step"].get<int64_t>(), number});
+  }
+  for (const auto& item : json["texts"]) {
+    if (texts == nullptr) break;
+    texts->push_back(
+        {item["tag"].get<std::string>(), item["step"].get<int64_t>(), item["text"].get<std::vector<std::string>>()});
   }
   return events;
 }
@@ -456,6 +472,59 @@ TEST_F(MetricWriterTest, TensorBoardScalarsReadBackByTensorBoardsEventAccumulato
   EXPECT_EQ(special_events[4].value, -kInf);                                       // -1e39
   EXPECT_EQ(special_events[5].value, static_cast<double>(3.4028234663852886e38));  // rounds to FLT_MAX
   EXPECT_EQ(special_events[6].value, 0.0);                                         // below half the smallest subnormal
+}
+
+TEST_F(MetricWriterTest, TensorBoardTextsReadBackByTheTextPlugin) {
+  const double start = std::floor(unix_seconds());
+  TensorBoardWriter writer((dir_ / "tb").string());
+  const std::string multiline =
+      "Once upon a time\nthere was \"a quote\", a tab\t and \xc3\xbcnic\xc3\xb8"
+      "de";
+  writer.add_scalar("lm loss", 2.5, 10);
+  writer.add_text("text_generation/prompt_0", multiline, 10);
+  writer.add_text("text_generation/prompt_0", "", 20);  // an empty continuation is still a text
+  writer.add_text("text_generation/prompt_1", std::string(100000, 'x'), 20);
+  writer.flush();
+
+  std::vector<TextEvent> texts;
+  const auto scalars = read_with_tensorboard(writer.file_path(), start, unix_seconds() + 1.0, &texts);
+  ASSERT_EQ(scalars.size(), 1u);  // texts are not read as scalars
+  EXPECT_EQ(scalars[0].tag, "lm loss");
+  ASSERT_EQ(texts.size(), 3u);
+  EXPECT_EQ(texts[0].tag, "text_generation/prompt_0");
+  EXPECT_EQ(texts[0].step, 10);
+  EXPECT_EQ(texts[0].text, std::vector<std::string>{multiline});
+  EXPECT_EQ(texts[1].step, 20);
+  EXPECT_EQ(texts[1].text, std::vector<std::string>{""});
+  EXPECT_EQ(texts[2].tag, "text_generation/prompt_1");
+  EXPECT_EQ(texts[2].text, std::vector<std::string>{std::string(100000, 'x')});
+}
+
+TEST_F(MetricWriterTest, JsonlWritesTextsAsStringsInTheStepsLineAndReplacesBrokenUtf8) {
+  const fs::path path = dir_ / "metrics.jsonl";
+  {
+    JsonlWriter writer(path.string());
+    writer.add_scalar("lm loss", 2.5, 10);
+    writer.add_text("sample", "a \"quote\"\nand \xc3\xbc", 10);
+    writer.add_text("cut", "ends inside a character \xc3", 10);
+    EXPECT_THROW(writer.add_text("step", "x", 10), std::invalid_argument);
+  }
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto json = nlohmann::json::parse(line);
+  EXPECT_EQ(json["step"], 10);
+  EXPECT_EQ(json["lm loss"], 2.5);
+  EXPECT_EQ(json["sample"], "a \"quote\"\nand \xc3\xbc");
+  EXPECT_EQ(json["cut"], "ends inside a character \xef\xbf\xbd");  // U+FFFD
+  EXPECT_FALSE(std::getline(in, line));
+}
+
+TEST(FanoutWriter, AddTextReachesEverySink) {
+  std::vector<std::string> log;
+  FanoutWriter fanout({std::make_shared<RecordingWriter>("a", &log), std::make_shared<RecordingWriter>("b", &log)});
+  fanout.add_text("t", "hello", 3);
+  EXPECT_EQ(log, (std::vector<std::string>{"a text t hello 3", "b text t hello 3"}));
 }
 
 }  // namespace

@@ -48,8 +48,9 @@ using LossDict = std::map<std::string, torch::Tensor>;
 /// What on_log callbacks may add to the log record before it is written.
 struct LogRecord {
   std::int64_t iteration = 0;
-  std::map<std::string, double> metrics;  ///< Written to the metric writers under these names.
-  std::vector<std::string> text;          ///< Appended to the console line as " name: value |" fragments.
+  std::map<std::string, double> metrics;     ///< Written to the metric writers under these names.
+  std::vector<std::string> text;             ///< Appended to the console line as " name: value |" fragments.
+  std::map<std::string, std::string> texts;  ///< Written to the metric writers as texts (add_text) by these tags.
 };
 
 /// The checkpoint an on_checkpoint_save/load event is about.

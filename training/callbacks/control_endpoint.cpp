@@ -104,7 +104,7 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
   stop_server();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    step_ = ctx.state.train_state.step;
+    step_ = logged_step_ = ctx.state.train_state.step;
     train_iters_ = ctx.state.cfg != nullptr ? ctx.state.cfg->train.train_iters : 0;
     nlohmann::json layout = {{"world_size", distributed ? parallel::get_world_size() : 1}};
     if (parallel::model_parallel_is_initialized()) {
@@ -138,7 +138,8 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
   http.Get("/status", [this](const httplib::Request&, httplib::Response& response) {
     std::lock_guard<std::mutex> lock(mutex_);
     nlohmann::json body = {{"state", state_},
-                           {"step", step_},
+                           {"step", step_.load()},
+                           {"logged_step", logged_step_},
                            {"train_iters", train_iters_},
                            {"metrics", metrics_},
                            {"validation", validation_losses_},
@@ -161,7 +162,7 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
         if (!prometheus::CheckMetricName(name)) return;
         prometheus::BuildGauge().Name(name).Help(metric).Register(registry).Add({}).Set(value);
       };
-      gauge("step", static_cast<double>(step_));
+      gauge("step", static_cast<double>(step_.load()));
       gauge("train_iters", static_cast<double>(train_iters_));
       for (const auto& [metric, value] : metrics_) gauge(metric, value);
       for (const auto& [metric, value] : validation_losses_) gauge(metric + " validation", value);
@@ -183,7 +184,7 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
         }
         commands_.push_back(Command{action, reason});
         has_commands_.store(true);
-        step = step_;
+        step = step_.load();
       }
       reply_json(response, 202, {{"accepted", action}, {"after_step", step}});
     });
@@ -232,13 +233,13 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
 }
 
 void ControlEndpoint::on_train_step_end(CallbackContext& ctx) {
+  step_.store(ctx.state.train_state.step + 1, std::memory_order_relaxed);  // the loop counts the step after this event
   if (!has_commands_.load(std::memory_order_relaxed)) return;
   std::vector<Command> commands;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     commands.swap(commands_);
     has_commands_.store(false);
-    step_ = ctx.state.train_state.step + 1;
   }
   for (const Command& command : commands) {
     if (command.action == "stop") ctx.request_stop(command.reason);
@@ -250,7 +251,7 @@ void ControlEndpoint::on_train_step_end(CallbackContext& ctx) {
 void ControlEndpoint::on_log(CallbackContext& ctx) {
   if (!server_) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  step_ = ctx.state.train_state.step;
+  logged_step_ = ctx.state.train_state.step;
   metrics_ = ctx.log->metrics;
 }
 

@@ -73,12 +73,13 @@ class ControlEndpoint : public Callback {
   std::thread thread_;
   std::atomic<int> port_{0};
   std::atomic<bool> has_commands_{false};
+  std::atomic<std::int64_t> step_{0};  // steps done: set at every step's end, read by /status without the mutex
 
   // Shared with the server's threads, under mutex_.
   std::mutex mutex_;
   std::vector<Command> commands_;
-  std::int64_t step_ = 0, train_iters_ = 0;
-  std::map<std::string, double> metrics_;            // the last log step's record
+  std::int64_t logged_step_ = 0, train_iters_ = 0;
+  std::map<std::string, double> metrics_;            // the last log step's record (of step logged_step_)
   std::map<std::string, double> validation_losses_;  // the last evaluation's
   std::string layout_json_;
   std::string state_ = "starting";

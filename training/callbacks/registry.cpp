@@ -12,9 +12,11 @@
 #include "training/callbacks/learning_rate_monitor.h"
 #include "training/callbacks/memory_monitor.h"
 #include "training/callbacks/plugin.h"
+#include "training/callbacks/profiler.h"
 #include "training/callbacks/progress_bar.h"
 #include "training/callbacks/runtime_estimator.h"
 #include "training/callbacks/speed_monitor.h"
+#include "training/callbacks/text_generator.h"
 #include "training/callbacks/threshold_stopper.h"
 #include "training/callbacks/time_limit.h"
 #include "training/config_yaml.h"
@@ -80,6 +82,8 @@ using LR = LearningRateMonitorOptions;
 using SM = SpeedMonitorOptions;
 using RE = RuntimeEstimatorOptions;
 using PB = ProgressBarOptions;
+using PR = ProfilerOptions;
+using TG = TextGeneratorOptions;
 using TL = TimeLimitOptions;
 
 const std::vector<Builtin>& table() {
@@ -116,6 +120,11 @@ const std::vector<Builtin>& table() {
            option("log_weight_decay", &LR::log_weight_decay, "Also weight_decay-<Optimizer>/pg<i>.")}),
       builtin<MemoryMonitor>("MemoryMonitor",
                              "Logs memory/<name> as the max over ranks (and /min), the peak on the console line."),
+      builtin<Profiler, PR>("Profiler", "LibTorch's autograd profiler over a window of steps: a Chrome trace per rank.",
+                            {option("start_step", &PR::start_step, "The first step recorded."),
+                             option("num_steps", &PR::num_steps, "Steps recorded."),
+                             option("output_dir", &PR::output_dir, "Where trace_rank<r>.json is written."),
+                             option("ranks", &PR::ranks, "The ranks that record; [] = all.")}),
       builtin<ProgressBar, PB>(
           "ProgressBar", "A live bar on the last rank: step, loss, tokens/s and ETA (plain lines off a terminal).",
           {option("width", &PB::width, "Characters of the bar."),
@@ -131,6 +140,18 @@ const std::vector<Builtin>& table() {
           {option("window_size", &SM::window_size, "Steps the rates are averaged over."),
            option("peak_tflops", &SM::peak_tflops,
                   "A device's dense peak TFLOP/s for MFU; 0 = the GPU's bf16/fp16 peak when known.")}),
+      builtin<TextGenerator, TG>(
+          "TextGenerator", "Continues prompts with the model every N steps: logged, and written as texts.",
+          {option("prompts", &TG::prompts, "The prompts (at least one)."),
+           option("interval", &TG::interval, "Steps between generations (at the next log step)."),
+           option("max_new_tokens", &TG::max_new_tokens, "Tokens added to each prompt."),
+           option("top_k", &TG::top_k, "1 = greedy; k > 1 samples among the k likeliest tokens."),
+           option("temperature", &TG::temperature, "Divides the logits before sampling."),
+           option("seed", &TG::seed, "Sampling seed (combined with the step)."),
+           option("stop_at_eod", &TG::stop_at_eod, "End a continuation at the end-of-document token."),
+           option("tokenizer_type", &TG::tokenizer_type, "ByteLevel or GPT2BPETokenizer."),
+           option("vocab_file", &TG::vocab_file, "GPT2BPETokenizer's vocab.json."),
+           option("merge_file", &TG::merge_file, "GPT2BPETokenizer's merges.txt.")}),
       builtin<ThresholdStopper, TS>(
           "ThresholdStopper", "Stops training once a monitored metric passes a threshold.",
           {option("monitor", &TS::monitor, "The metric ('<loss> validation' at evaluations, or a logged metric)."),
