@@ -205,6 +205,35 @@ TEST_F(TextGeneratorTest, OptionsOutOfRangeAreNamed) {
   CallbackContext ctx(state_, model_);
   EXPECT_THAT(what_of([&] { too_long.on_train_start(ctx); }),
               HasSubstr("max_new_tokens is 24 but model.seq_length is 24"));
+  options.max_new_tokens = 4;
+  options.prompts = {"ok", "caf\xc3\xa9"};  // 0xc3 = 195
+  config_.vocab_size = 195;
+  models::GPTChunkOptions whole;
+  whole.num_layers = config_.num_layers;
+  ModelChunks small{models::GPTModel(config_, whole).ptr()};
+  CallbackContext small_ctx(state_, small);
+  TextGenerator outside(options);
+  EXPECT_THAT(what_of([&] { outside.on_train_start(small_ctx); }),
+              HasSubstr("TextGenerator.prompts[1] encodes to token 195 but model.vocab_size is 195"));
+}
+
+TEST_F(TextGeneratorTest, AModelWithFewerIdsThanTheTokenizerOnlyGetsIdsItHas) {
+  config_.vocab_size = 100;  // below the byte tokenizer's 257, and its EOD
+  models::GPTChunkOptions whole;
+  whole.num_layers = config_.num_layers;
+  gpt_ = models::GPTModel(config_, whole);
+  model_ = {gpt_.ptr()};
+  TextGeneratorOptions options;
+  options.prompts = {"abc"};
+  options.max_new_tokens = 10;
+  options.top_k = 50;
+  options.temperature = 100.0;
+  TextGenerator generator(options);
+  CallbackContext ctx(state_, model_);
+  generator.on_train_start(ctx);
+  const std::vector<int64_t> tokens = generate(generator, 3)[0].tokens;
+  EXPECT_EQ(tokens.size(), 10u);
+  for (const int64_t token : tokens) EXPECT_LT(token, 100);
 }
 
 // --- Profiler -----------------------------------------------------------------------------------------------------

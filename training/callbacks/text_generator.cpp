@@ -87,11 +87,15 @@ void TextGenerator::on_train_start(CallbackContext& ctx) {
         "TextGenerator.max_new_tokens is {} but model.seq_length is {}; generate fewer tokens than the sequence holds",
         options_.max_new_tokens, config.seq_length));
   }
-  if (tokenizer_->vocab_size() > config.vocab_size) {
-    throw std::invalid_argument(fmt::format(
-        "TextGenerator.tokenizer_type {} has {} ids but model.vocab_size is {}; use the tokenizer the data was "
-        "prepared with",
-        options_.tokenizer_type, tokenizer_->vocab_size(), config.vocab_size));
+  for (std::size_t i = 0; i < prompt_tokens_.size(); ++i) {
+    for (const int64_t token : prompt_tokens_[i]) {
+      if (token >= config.vocab_size) {
+        throw std::invalid_argument(fmt::format(
+            "TextGenerator.prompts[{}] encodes to token {} but model.vocab_size is {}; use the tokenizer the data "
+            "was prepared with (tokenizer_type {} has {} ids)",
+            i, token, config.vocab_size, options_.tokenizer_type, tokenizer_->vocab_size()));
+      }
+    }
   }
   const int64_t step = ctx.state.train_state.step;
   next_step_ = (step / options_.interval + 1) * options_.interval;
@@ -111,8 +115,8 @@ void TextGenerator::on_log(CallbackContext& ctx) {
   for (std::size_t i = 0; i < last_.size(); ++i) {
     ctx.log->texts["text_generation/prompt_" + std::to_string(i)] = last_[i].prompt + last_[i].continuation;
     if (on_last_rank()) {
-      bridge::utils::logger().info("TextGenerator (step {}) prompt {}: \"{}\" -> \"{}\"", step, i, last_[i].prompt,
-                                   last_[i].continuation);
+      bridge::utils::log_info_on_this_rank(fmt::format("TextGenerator (step {}) prompt {}: \"{}\" -> \"{}\"", step, i,
+                                                       last_[i].prompt, last_[i].continuation));
     }
   }
 }
@@ -161,11 +165,13 @@ std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t
   schedule.forward_only = true;
 
   EvalModeGuard eval_mode(ctx.model);
-  const int64_t vocab = tokenizer_->vocab_size();
+  // Ids the tokenizer can decode and the model can read back: padding past either is never picked.
+  const int64_t vocab = std::min(tokenizer_->vocab_size(), config.vocab_size);
   for (int64_t t = 0; t < options_.max_new_tokens; ++t) {
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-    // Rows padded on the right with EOD: causal attention keeps the padding out of each row's last position.
-    torch::Tensor tokens = torch::full({batch, seq_length}, tokenizer_->eod(), torch::kInt64);
+    // Rows padded on the right (with id 0, which every vocabulary has): causal attention keeps the padding out of
+    // each row's last position.
+    torch::Tensor tokens = torch::zeros({batch, seq_length}, torch::kInt64);
     std::vector<int64_t> last_index;
     for (int64_t b = 0; b < batch; ++b) {
       const auto& row = rows[static_cast<std::size_t>(b)];
@@ -192,7 +198,6 @@ std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t
       torch::Tensor logits =
           distributed ? parallel::tensor_parallel::gather_from_tensor_model_parallel_region(last_logits) : last_logits;
       logits = logits.to(torch::kCPU, torch::kFloat);
-      // Padding ids past the tokenizer's vocabulary have no text: never pick them.
       if (logits.size(-1) > vocab) logits.slice(-1, vocab).fill_(-std::numeric_limits<float>::infinity());
       next = pick_tokens(logits, options_, generator).to(device);
     }
