@@ -81,6 +81,44 @@ float to_float(double value) {
   return static_cast<float>(value);
 }
 
+// `text` with every byte that does not belong to a well-formed UTF-8 sequence replaced by U+FFFD: TensorBoard's text
+// plugin decodes strictly and shows an error instead of a tag whose text ends inside a character (which a byte-level
+// tokenizer's continuation often does).
+std::string valid_utf8(const std::string& text) {
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
+  static constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};  // by length: shorter forms are overlong
+  std::string out;
+  out.reserve(text.size());
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const std::size_t length = lead < 0x80           ? 1
+                               : (lead >> 5) == 0x6  ? 2
+                               : (lead >> 4) == 0xE  ? 3
+                               : (lead >> 3) == 0x1E ? 4
+                                                     : 0;
+    bool valid = length > 0 && i + length <= text.size();
+    uint32_t code_point = length > 1 ? lead & (0xFFu >> (length + 1)) : lead;
+    for (std::size_t k = 1; valid && k < length; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      valid = (next & 0xC0) == 0x80;
+      code_point = (code_point << 6) | (next & 0x3Fu);
+    }
+    if (valid && length > 1) {
+      valid =
+          code_point >= kSmallest[length] && code_point <= 0x10FFFF && !(code_point >= 0xD800 && code_point <= 0xDFFF);
+    }
+    if (valid) {
+      out.append(text, i, length);
+      i += length;
+    } else {
+      out += kReplacement;
+      i += 1;
+    }
+  }
+  return out;
+}
+
 double unix_seconds_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -136,7 +174,7 @@ void TensorBoardWriter::add_text(const std::string& tag, const std::string& text
   std::string tensor;
   put_int64(tensor, 1, kDtString);
   put_bytes(tensor, 2, shape);
-  put_bytes(tensor, 8, text);
+  put_bytes(tensor, 8, valid_utf8(text));
   std::string plugin_data;
   put_bytes(plugin_data, 1, "text");
   std::string metadata;

@@ -484,13 +484,15 @@ TEST_F(MetricWriterTest, TensorBoardTextsReadBackByTheTextPlugin) {
   writer.add_text("text_generation/prompt_0", multiline, 10);
   writer.add_text("text_generation/prompt_0", "", 20);  // an empty continuation is still a text
   writer.add_text("text_generation/prompt_1", std::string(100000, 'x'), 20);
+  // Not UTF-8: a cut character, a stray continuation byte, an overlong '/', a surrogate; each bad byte becomes U+FFFD.
+  writer.add_text("text_generation/prompt_2", "cut \xc3|\x80|\xc0\xaf|\xed\xa0\x80|ok \xc3\xa9", 30);
   writer.flush();
 
   std::vector<TextEvent> texts;
   const auto scalars = read_with_tensorboard(writer.file_path(), start, unix_seconds() + 1.0, &texts);
   ASSERT_EQ(scalars.size(), 1u);  // texts are not read as scalars
   EXPECT_EQ(scalars[0].tag, "lm loss");
-  ASSERT_EQ(texts.size(), 3u);
+  ASSERT_EQ(texts.size(), 4u);
   EXPECT_EQ(texts[0].tag, "text_generation/prompt_0");
   EXPECT_EQ(texts[0].step, 10);
   EXPECT_EQ(texts[0].text, std::vector<std::string>{multiline});
@@ -498,6 +500,9 @@ TEST_F(MetricWriterTest, TensorBoardTextsReadBackByTheTextPlugin) {
   EXPECT_EQ(texts[1].text, std::vector<std::string>{""});
   EXPECT_EQ(texts[2].tag, "text_generation/prompt_1");
   EXPECT_EQ(texts[2].text, std::vector<std::string>{std::string(100000, 'x')});
+  const std::string r = "\xef\xbf\xbd";  // U+FFFD
+  EXPECT_EQ(texts[3].text,
+            std::vector<std::string>{"cut " + r + "|" + r + "|" + r + r + "|" + r + r + r + "|ok \xc3\xa9"});
 }
 
 TEST_F(MetricWriterTest, JsonlWritesTextsAsStringsInTheStepsLineAndReplacesBrokenUtf8) {

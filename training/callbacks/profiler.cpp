@@ -30,7 +30,15 @@ Profiler::Profiler(ProfilerOptions options) : options_(std::move(options)) {
   }
 }
 
-Profiler::~Profiler() = default;
+Profiler::~Profiler() {
+  // An exit (signal, exit_interval) or a failure inside the window skips on_train_end: keep the trace anyway.
+  if (recording_ && !written_) {
+    try {
+      finish();
+    } catch (...) {  // a destructor must not throw; finish() logs what went wrong
+    }
+  }
+}
 
 void Profiler::on_train_start(CallbackContext& ctx) {
   const bool distributed = parallel::is_distributed_initialized();

@@ -9,9 +9,9 @@
 //   manager->add(std::make_shared<Profiler>(options));
 //
 // Each profiled step is one "ProfilerStep#<step>" range around the operators it ran. The recording covers the
-// operators the training thread runs (and its intra-op workers); on a GPU the trace holds the host side, with each
-// CUDA kernel launch under its operator. A trace is written when its window ends, or at on_train_end when training
-// stops inside it, through a temporary file renamed into place, so a crash never leaves half a trace.
+// operators the training thread runs (and its intra-op workers); on a GPU it holds the host side only (operator
+// times, not kernel times). A trace is written when its window ends, or when training ends inside it (on_train_end or
+// the callback's destruction), through a temporary file renamed into place, so a crash never leaves half a trace.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +62,7 @@ class Profiler : public Callback {
   std::ostringstream trace_;
   std::unique_ptr<torch::autograd::profiler::RecordProfile> recording_;
   std::unique_ptr<at::RecordFunction> step_range_;
-  std::string step_name_;  // outlives the range, which may refer to it
+  std::string step_name_;  // "ProfilerStep#<n>" of the step in flight
   bool written_ = false;
 };
 

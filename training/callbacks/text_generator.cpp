@@ -46,12 +46,34 @@ class EvalModeGuard {
 
 // The next token of each row of `logits` ([b, vocab], float, on the CPU): the argmax, or a draw among the top k.
 torch::Tensor pick_tokens(torch::Tensor logits, const TextGeneratorOptions& options, at::Generator& generator) {
+  // A diverged model (NaN weights, fp16 overflow) still gets a text, not a failed multinomial on the last stage only.
+  logits = torch::nan_to_num(logits, /*nan=*/0.0);
   if (options.top_k == 1) return logits.argmax(-1);
   const int64_t k = std::min<int64_t>(options.top_k, logits.size(-1));
   auto [values, indices] = (logits / options.temperature).topk(k, -1);
   const torch::Tensor probabilities = torch::softmax(values, -1);
   const torch::Tensor choice = torch::multinomial(probabilities, 1, /*replacement=*/false, generator);
   return indices.gather(-1, choice).squeeze(-1);
+}
+
+// Throws when the prompts or the new tokens do not fit the model (before on_train_start and generate() run it).
+void check_fits(const TextGeneratorOptions& options, const datasets::Tokenizer& tokenizer,
+                const std::vector<std::vector<int64_t>>& prompt_tokens, const models::GPTConfig& config) {
+  if (options.max_new_tokens >= config.seq_length) {
+    throw std::invalid_argument(fmt::format(
+        "TextGenerator.max_new_tokens is {} but model.seq_length is {}; generate fewer tokens than the sequence holds",
+        options.max_new_tokens, config.seq_length));
+  }
+  for (std::size_t i = 0; i < prompt_tokens.size(); ++i) {
+    for (const int64_t token : prompt_tokens[i]) {
+      if (token >= config.vocab_size) {
+        throw std::invalid_argument(fmt::format(
+            "TextGenerator.prompts[{}] encodes to token {} but model.vocab_size is {}; use the tokenizer the data "
+            "was prepared with (tokenizer_type {} has {} ids)",
+            i, token, config.vocab_size, options.tokenizer_type, tokenizer.vocab_size()));
+      }
+    }
+  }
 }
 
 bool on_last_rank() {
@@ -81,22 +103,7 @@ TextGenerator::TextGenerator(TextGeneratorOptions options) : options_(std::move(
 }
 
 void TextGenerator::on_train_start(CallbackContext& ctx) {
-  const models::GPTConfig& config = ctx.gpt().config();
-  if (options_.max_new_tokens >= config.seq_length) {
-    throw std::invalid_argument(fmt::format(
-        "TextGenerator.max_new_tokens is {} but model.seq_length is {}; generate fewer tokens than the sequence holds",
-        options_.max_new_tokens, config.seq_length));
-  }
-  for (std::size_t i = 0; i < prompt_tokens_.size(); ++i) {
-    for (const int64_t token : prompt_tokens_[i]) {
-      if (token >= config.vocab_size) {
-        throw std::invalid_argument(fmt::format(
-            "TextGenerator.prompts[{}] encodes to token {} but model.vocab_size is {}; use the tokenizer the data "
-            "was prepared with (tokenizer_type {} has {} ids)",
-            i, token, config.vocab_size, options_.tokenizer_type, tokenizer_->vocab_size()));
-      }
-    }
-  }
+  check_fits(options_, *tokenizer_, prompt_tokens_, ctx.gpt().config());
   const int64_t step = ctx.state.train_state.step;
   next_step_ = (step / options_.interval + 1) * options_.interval;
 }
@@ -124,6 +131,7 @@ void TextGenerator::on_log(CallbackContext& ctx) {
 std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t step) {
   models::GPTModelImpl& first = ctx.gpt(0);
   const models::GPTConfig& config = first.config();
+  check_fits(options_, *tokenizer_, prompt_tokens_, config);
   const int64_t seq_length = config.seq_length;
   const auto batch = static_cast<int64_t>(prompt_tokens_.size());
   const torch::Device device = first.parameters().front().device();
