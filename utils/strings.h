@@ -1,6 +1,8 @@
 // Small string helpers shared by error messages and progress output.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -28,6 +30,20 @@ std::string join(const Range& range, std::string_view separator) {
     }
     first = false;
   }
+  return result;
+}
+
+/// `text` without the spaces, tabs and line breaks around it: trim("  a b\n") == "a b".
+inline std::string_view trim(std::string_view text) {
+  const auto begin = text.find_first_not_of(" \t\r\n");
+  if (begin == std::string_view::npos) return {};
+  return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
+}
+
+/// `text` with its ASCII letters in lowercase: to_lower("Fp16-Mixed") == "fp16-mixed".
+inline std::string to_lower(std::string_view text) {
+  std::string result(text);
+  std::transform(result.begin(), result.end(), result.begin(), [](unsigned char c) { return std::tolower(c); });
   return result;
 }
 

@@ -271,5 +271,18 @@ TEST_F(EndpointTest, TheServerEndsWithTrainingAndTheEndpointFileNamesIt) {
   std::filesystem::remove(file);
 }
 
+// A run that ends right after it starts: cpp-httplib's stop() is a no-op until the accept loop runs, so without the
+// wait in on_train_start the join in on_train_end could hang (it did once in CI). Many cycles make the window likely.
+TEST_F(EndpointTest, AServerStoppedAsSoonAsItStartsEnds) {
+  endpoint_ = std::make_shared<ControlEndpoint>(ControlEndpointOptions{});
+  manager_.add(endpoint_);
+  for (int cycle = 0; cycle < 300; ++cycle) {
+    fire(Event::kTrainStart);
+    ASSERT_GT(endpoint_->port(), 0) << "cycle " << cycle;
+    fire(Event::kTrainEnd);
+    ASSERT_EQ(endpoint_->port(), 0) << "cycle " << cycle;
+  }
+}
+
 }  // namespace
 }  // namespace bridge::training

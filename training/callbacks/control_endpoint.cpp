@@ -8,17 +8,21 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "training/config.h"
 #include "utils/durable_file.h"
 #include "utils/logging.h"
+#include "utils/strings.h"
 
 namespace bridge::training {
 inline namespace callbacks {
@@ -28,11 +32,7 @@ bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-std::string trim(std::string text) {
-  const auto begin = text.find_first_not_of(" \t\r\n");
-  if (begin == std::string::npos) return {};
-  return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
-}
+std::string trim(std::string_view text) { return std::string(bridge::utils::trim(text)); }
 
 // Compares in time independent of where the strings differ, so the token cannot be guessed byte by byte.
 bool same_secret(const std::string& given, const std::string& expected) {
@@ -62,6 +62,7 @@ void reply_json(httplib::Response& response, int status, const nlohmann::json& b
 
 struct ControlEndpoint::Server {
   httplib::Server http;
+  std::atomic<bool> listen_returned{false};
 };
 
 ControlEndpoint::ControlEndpoint(ControlEndpointOptions options) : options_(std::move(options)) {
@@ -225,7 +226,21 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
                              "for a free one");
   }
   port_.store(bound);
-  thread_ = std::thread([this] { server_->http.listen_after_bind(); });
+  thread_ = std::thread([server = server_.get()] {
+    server->http.listen_after_bind();
+    server->listen_returned.store(true);
+  });
+  // cpp-httplib's stop() does nothing until the accept loop has marked the server running, so a training that ended
+  // at once would leave the loop, and stop_server()'s join, waiting forever (CI hung so). Debian's cpp-httplib has no
+  // wait_until_ready().
+  while (!server_->http.is_running() && !server_->listen_returned.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!server_->http.is_running()) {
+    stop_server();
+    throw std::runtime_error("ControlEndpoint: the server on " + options_.host + ":" + std::to_string(bound) +
+                             " stopped before it served; see the log above, or choose another ControlEndpoint.port");
+  }
   const std::string url = "http://" + options_.host + ":" + std::to_string(bound);
   bridge::utils::log_info_on_this_rank("control endpoint: " + url + (token_.empty() ? "" : " (bearer token required)") +
                                        " (GET /status, /metrics; POST /stop, /save, /abort)");
