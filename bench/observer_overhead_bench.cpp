@@ -77,7 +77,7 @@ double fire_cost_us(int sleep_ms, int events) {
   ModelChunks model;
   LogRecord record;
   for (const char* name : {"lm loss", "learning-rate", "grad-norm", "batch-size", "samples vs steps", "loss-scale",
-                           "iteration-time-ms", "throughput", "params-norm", "world-size"}) {
+                           "iteration-time", "throughput/tflops/device", "params-norm", "world-size"}) {
     record.metrics[name] = 1.5;
   }
   const LossDict losses{{"lm loss", torch::tensor(2.5)}};

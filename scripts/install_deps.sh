@@ -14,6 +14,8 @@
 set -euo pipefail
 
 torch_version=2.15.0  # the LibTorch bridge is tested against; bump together with the README
+transformers_version=5.23.0  # the tests' Hugging Face reference
+safetensors_version=0.8.0
 libtorch=${BRIDGE_LIBTORCH:-wheel}
 for arg in "$@"; do
   case "$arg" in
@@ -51,15 +53,18 @@ packages=(
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The venv: the torch wheel (LibTorch for the build, and the Python PyTorch the benchmarks compare against) and the
-# independent readers the tests compare against (tensorboard's EventAccumulator). It sees the system site-packages so
-# that Debian's numpy (and, in a debian install, Debian's torch) stay usable from it.
+# independent readers the tests compare against (tensorboard's EventAccumulator, transformers' GPT-2). It sees the
+# system site-packages so that Debian's numpy (and, in a debian install, Debian's torch) stay usable from it.
 install_venv() {
   local venv="$repo_root/.venv"
   local wanted=(tensorboard)
   local check="import tensorboard"
   if [[ $libtorch == wheel ]]; then
-    wanted+=("torch==$torch_version")
+    # transformers' own GPT-2 is the reference of bridge's Hugging Face bridge (tests/tools/hf_gpt2.py); it needs
+    # torch 2.x, so only beside the wheel.
+    wanted+=("torch==$torch_version" "transformers==$transformers_version" "safetensors==$safetensors_version")
     check+="; import torch; assert torch.__version__.split('+')[0] == '$torch_version'"
+    check+="; import transformers, safetensors; assert transformers.__version__ == '$transformers_version'"
   fi
   if [[ -x "$venv/bin/python3" ]] && "$venv/bin/python3" -c "$check" 2>/dev/null; then
     echo "install_deps: $venv already has ${wanted[*]}"

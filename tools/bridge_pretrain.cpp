@@ -76,9 +76,9 @@ ConfigContainer resolve_config(const cxxopts::ParseResult& args) {
   ConfigContainer config = args.count("config") ? load_config_yaml(args["config"].as<std::string>())
                                                 : load_config_yaml_string(tools::kTinyRecipeYaml, "<tiny recipe>");
   for (const std::string& argument : args.unmatched()) {
-    if (argument.find('=') == std::string::npos) {
+    if (argument.find('=') == std::string::npos && argument.rfind('~', 0) != 0) {  // Hydra's ~KEY resets one
       throw ConfigError("unexpected argument '" + argument +
-                        "': overrides are KEY=VALUE (e.g. train.train_iters=100); see --help");
+                        "': overrides are KEY=VALUE (e.g. train.train_iters=100) or ~KEY; see --help");
     }
     apply_override(config, argument);
   }

@@ -5,6 +5,8 @@
 //       -> data/corpus_text_document.bin and .idx, byte-level tokens
 //   bridge-preprocess-data --input book.txt --input-format text --output-prefix data/book
 //       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod
+//   bridge-preprocess-data --input wiki.jsonl --json-keys text title --split-sentences --workers 8 --partitions 2 ...
+//       -> ..._text_sentence.bin/.idx and ..._title_sentence.bin/.idx, on 8 threads
 //
 // Exit status: 0 written, 1 bad input or I/O failure, 2 bad command line.
 #include "training/datasets/preprocess_data.h"
@@ -37,8 +39,14 @@ cxxopts::Options make_options() {
        cxxopts::value<std::string>()->default_value("json"), "json|text")
       ("output-prefix", "path prefix of the output: writes PREFIX_KEY_document.bin and .idx for each JSON key (KEY "
        "is 'text' for --input-format text); the folder must exist", cxxopts::value<std::string>(), "PREFIX")
-      ("json-keys", "comma-separated JSON fields to tokenize, one dataset each", 
-       cxxopts::value<std::vector<std::string>>()->default_value("text"), "KEYS")
+      ("json-keys", "JSON fields to tokenize, one dataset each: space-separated as Megatron's (--json-keys text "
+       "title), or comma-separated", cxxopts::value<std::vector<std::string>>()->default_value("text"), "KEY...")
+      ("split-sentences", "split each text into sentences, one sequence each (outputs end in _sentence); by a fixed "
+       "rule, not NLTK's Punkt: after . ! or ? followed by space and a non-lowercase letter, except after "
+       "abbreviations (training/datasets/sentence_splitter.h)")
+      ("keep-newlines", "with --split-sentences: keep the whitespace and newlines after a sentence on it")
+      ("lang", "the language of --split-sentences; only english", cxxopts::value<std::string>()->default_value(
+       "english"), "LANG")
       ("tokenizer-type", "ByteLevel: one id per UTF-8 byte, EOD 256, vocab 257, no files; GPT2BPETokenizer: GPT-2's "
        "byte-level BPE from --vocab-file and --merge-file (EOD <|endoftext|>, 50256 in the released files)",
        cxxopts::value<std::string>()->default_value("ByteLevel"), "TYPE")
@@ -49,9 +57,14 @@ cxxopts::Options make_options() {
       ("append-eod", "append the tokenizer's end-of-document id to every non-empty document, so GPT samples that "
        "span documents see where one ends")
       ("log-interval", "report progress every this many documents (0: never)",
-       cxxopts::value<int64_t>()->default_value("10000"), "N")
-      ("workers", "accepted for Megatron command lines; this tool tokenizes on one thread",
+       cxxopts::value<int64_t>()->default_value("1000"), "N")
+      ("workers", "threads that tokenize; the output is the same for any number",
        cxxopts::value<int>()->default_value("1"), "N")
+      ("partitions", "deal the documents round-robin to this many partitions and write their outputs one after "
+       "another, as Megatron's merged partitions (a divisor of --workers)",
+       cxxopts::value<int>()->default_value("1"), "N")
+      ("keep-sequential-samples", "partitions of consecutive documents instead: the output is the one-partition "
+       "output")
       ("h,help", "print this help and exit");
   // clang-format on
   return options;
@@ -61,13 +74,28 @@ std::string help_text(cxxopts::Options& options) {
   return options.help() + R"(
 Output:
   Tokens are stored as uint16 when the vocabulary has fewer than 65500 ids, else int32 (Megatron's optimal_dtype).
-  Each document is one sequence (a JSON list of strings: one sequence per non-empty string); an empty document is
-  kept as a document without sequences, as Megatron does. Files appear only when complete.
+  Each document is one sequence (a JSON list of strings: one sequence per non-empty string; with --split-sentences,
+  one per sentence); an empty document is kept as a document without sequences, as Megatron does. Files appear
+  only when complete.
 
 Errors name the input file and line. Examples:
   bridge-preprocess-data --input corpus.jsonl --output-prefix data/corpus --append-eod
   bridge-preprocess-data --input book.txt --input-format text --output-prefix data/book --append-eod
 )";
+}
+
+// Megatron's --json-keys takes several values (argparse nargs='+'): `--json-keys text title` becomes
+// `--json-keys text,title` for cxxopts.
+std::vector<std::string> join_json_keys(int argc, char** argv) {
+  std::vector<std::string> arguments;
+  for (int i = 0; i < argc; ++i) {
+    arguments.emplace_back(argv[i]);
+    if (arguments.back() != "--json-keys") continue;
+    std::string keys;
+    while (i + 1 < argc && argv[i + 1][0] != '-') keys += (keys.empty() ? "" : ",") + std::string(argv[++i]);
+    if (!keys.empty()) arguments.push_back(keys);
+  }
+  return arguments;
 }
 
 }  // namespace
@@ -76,7 +104,10 @@ int main(int argc, char** argv) {
   cxxopts::Options options = make_options();
   PreprocessConfig config;
   try {
-    const cxxopts::ParseResult args = options.parse(argc, argv);
+    std::vector<std::string> arguments = join_json_keys(argc, argv);
+    std::vector<char*> pointers;
+    for (std::string& argument : arguments) pointers.push_back(argument.data());
+    const cxxopts::ParseResult args = options.parse(static_cast<int>(pointers.size()), pointers.data());
     if (args.count("help")) {
       std::printf("%s", help_text(options).c_str());
       return 0;
@@ -105,6 +136,18 @@ int main(int argc, char** argv) {
     config.append_eod = args.count("append-eod") > 0;
     config.log_interval = args["log-interval"].as<int64_t>();
     if (config.log_interval < 0) throw std::invalid_argument("--log-interval must be >= 0");
+    config.split_sentences = args.count("split-sentences") > 0;
+    config.keep_newlines = args.count("keep-newlines") > 0;
+    if (args["lang"].as<std::string>() != "english") {
+      throw std::invalid_argument("--lang: only english sentences are split, got '" + args["lang"].as<std::string>() +
+                                  "'");
+    }
+    config.workers = args["workers"].as<int>();
+    config.partitions = args["partitions"].as<int>();
+    config.keep_sequential_samples = args.count("keep-sequential-samples") > 0;
+    if (config.workers < 1 || config.partitions < 1) {
+      throw std::invalid_argument("--workers and --partitions must be >= 1");
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bridge-preprocess-data: error: %s\nRun bridge-preprocess-data --help for the options.\n",
                  e.what());

@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "bridge/hf/gpt2.h"
+#include "parallel/dist_checkpointing/sharded_tensor.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "training/callbacks/callback_state.h"
@@ -32,6 +34,8 @@ using GenericList = c10::impl::GenericList;
 constexpr char kTracker[] = "latest_checkpointed_iteration.txt";
 constexpr char kCommon[] = "common.pt";
 constexpr char kRankFile[] = "model_optim_rng.pt";
+// checkpoint.pretrained_checkpoint=hf:<dir> names a Hugging Face model directory.
+constexpr char kHuggingFace[] = "hf:";
 
 std::string relative_rank_file() {
   return model_parallel_directory_name(parallel::get_tensor_model_parallel_rank(),
@@ -344,7 +348,8 @@ struct Source {
   fs::path directory;
   int64_t iteration = 0;
   bool weights_only = false;
-  std::string origin;  // for the log: which setting chose it
+  std::string origin;         // for the log: which setting chose it
+  bool hugging_face = false;  // a transformers directory (config.json + model.safetensors), not a bridge checkpoint
 };
 
 std::optional<Source> resolve_source(const CheckpointConfig& config) {
@@ -364,7 +369,11 @@ std::optional<Source> resolve_source(const CheckpointConfig& config) {
       source = Source{config.save, *latest, false, "checkpoint.auto_resume (checkpoint.save holds checkpoints)"};
     }
   }
-  if (!source && !config.pretrained_checkpoint.empty()) {
+  const std::string& pretrained = config.pretrained_checkpoint;
+  if (!source && pretrained.rfind(kHuggingFace, 0) == 0) {
+    source = Source{pretrained.substr(sizeof(kHuggingFace) - 1), 0, true, "checkpoint.pretrained_checkpoint", true};
+  }
+  if (!source && !pretrained.empty()) {
     std::optional<int64_t> iteration = read_latest_checkpointed_iteration(config.pretrained_checkpoint);
     if (!iteration) {
       throw std::invalid_argument("checkpoint.pretrained_checkpoint " + config.pretrained_checkpoint + " has no " +
@@ -395,6 +404,49 @@ std::optional<Source> resolve_source(const CheckpointConfig& config) {
   return source;
 }
 
+// The weights of a Hugging Face GPT-2 directory, as a checkpoint of one file holding every tensor whole: the
+// checkpoint loader's checks and copies then place each rank's slice in any layout (the vocabulary padding keeps
+// its initial values, as a checkpoint saved with less padding leaves it).
+LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directory) {
+  const std::vector<CheckpointParam> params = checkpoint_params(setup);
+  const std::string path = (directory / "model.safetensors").string();
+  std::map<std::string, LoadedFile> files;
+  std::map<std::string, std::vector<std::string>> files_of;
+  LoadOptions options;
+  options.progress = options.optimizer = options.rng = false;
+  const std::string what = "loading the Hugging Face GPT-2 " + directory.string();
+  if (parallel::get_rank() == 0) {
+    bridge::utils::logger().warn("loading the weights of the Hugging Face GPT-2 {} (checkpoint.pretrained_checkpoint)",
+                                 directory.string());
+  }
+  try {
+    on_every_rank(what, [&] {
+      const std::map<std::string, torch::Tensor> weights = hf::load_gpt2_weights(directory, setup.config.model);
+      GenericDict model = new_checkpoint_dict(), metadata = new_checkpoint_dict();
+      for (const auto& [name, tensor] : weights) {
+        model.insert(name, tensor);
+        parallel::dist_checkpointing::ShardedTensorLayout whole;
+        whole.global_shape = tensor.sizes().vec();
+        metadata.insert(name, parallel::dist_checkpointing::to_ivalue(whole));
+      }
+      LoadedFile file{path, new_checkpoint_dict()};
+      file.dict.insert("model", model);
+      file.dict.insert("shard_metadata", metadata);
+      file.dict.insert("optimizer", new_checkpoint_dict());
+      files.emplace(path, std::move(file));
+      for (const CheckpointParam& entry : params) files_of[entry.source_name()] = {path};
+      check_loadable(params, files, files_of, options);
+    });
+  } catch (const std::exception& error) {
+    throw std::runtime_error(in_context(what, error.what()));
+  }
+  load_parameters(setup, params, files, files_of, options);
+  setup.fire_training(Event::kCheckpointLoad, [&](CallbackContext& ctx) {
+    ctx.checkpoint = CheckpointInfo{directory.string(), 0};
+  });
+  return LoadedCheckpoint{directory.string(), 0};
+}
+
 }  // namespace
 
 std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
@@ -413,6 +465,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
                              "); every node must see the same checkpoint directories");
   }
   if (!source) return std::nullopt;
+  if (source->hugging_face) return load_hugging_face(setup, source->directory);
 
   LoadOptions options;
   options.progress = !source->weights_only;

@@ -22,10 +22,11 @@ std::string str(int64_t value) { return std::to_string(value); }
 
 void apply_mixed_precision_recipe(MixedPrecisionConfig& config, const std::string& name) {
   MixedPrecisionConfig recipe;  // the defaults: fp32
-  if (name == "bf16_mixed") {
+  // Megatron-Bridge registers each recipe under both spellings.
+  if (name == "bf16_mixed" || name == "bf16-mixed") {
     recipe.bf16 = true;
     recipe.grad_reduce_in_fp32 = true;
-  } else if (name == "fp16_mixed") {
+  } else if (name == "fp16_mixed" || name == "fp16-mixed") {
     recipe.fp16 = true;
     recipe.grad_reduce_in_fp32 = false;  // as Megatron-Bridge's fp16_mixed
   } else if (name != "fp32") {
@@ -166,6 +167,14 @@ void ConfigContainer::validate(int world_size) const {
   require(mp.loss_scale_window >= 1,
           "mixed_precision.loss_scale_window must be >= 1, got " + str(mp.loss_scale_window));
   require(mp.hysteresis >= 1, "mixed_precision.hysteresis must be >= 1, got " + str(mp.hysteresis));
+  if (dataset.eod_token_id) {
+    require(*dataset.eod_token_id >= 0 && *dataset.eod_token_id < model.vocab_size,
+            "dataset.eod_token_id (" + str(*dataset.eod_token_id) + ") must be a token id below model.vocab_size (" +
+                str(model.vocab_size) + "), or null for model.vocab_size - 1");
+  }
+  require(std::isfinite(dataset.mid_level_dataset_surplus) && dataset.mid_level_dataset_surplus >= 0.0 &&
+              dataset.mid_level_dataset_surplus <= 1.0,
+          "dataset.mid_level_dataset_surplus must be in [0, 1] (Megatron's default: 0.005)");
   if (!dataset.data_path.empty() && !dataset.provider) {
     datasets::parse_split(dataset.split);  // throws naming dataset.split
     require(rng.seed <= 0xFFFFFFFFULL, "rng.seed (" + std::to_string(rng.seed) +

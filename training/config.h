@@ -89,6 +89,17 @@ struct DatasetConfig {
   /// null = only when they total at most kValidateTokensAutoBytes.
   std::optional<bool> validate_tokens;
   static constexpr uint64_t kValidateTokensAutoBytes = uint64_t{4} << 30;
+  /// Megatron's options for documents packed into samples (training/data.h DocumentMasking): at each
+  /// end-of-document token positions restart, attention stops, the next token's loss is dropped.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  /// The end-of-document token those look for; null = model.vocab_size - 1 (256 for the byte-level tokenizer,
+  /// 50256 for GPT-2's, Megatron's NullTokenizer's).
+  std::optional<int64_t> eod_token_id;
+  /// A blended dataset builds each of its datasets this fraction beyond its share of the samples (Megatron's
+  /// mid_level_dataset_surplus), so that the blend's order never asks one for more than it has.
+  double mid_level_dataset_surplus = 0.005;
   /// Builds the train/valid/test datasets from code; overrides data_path.
   std::function<GPTDatasets(const ConfigContainer&)> provider;
 };
@@ -105,12 +116,18 @@ struct LoggingConfig {
   bool log_params_norm = false;          ///< the parameters' L2 norm (a collective) on the line and in the writers
   bool log_memory_to_tensorboard = false;
   bool log_l2_norm_grad_to_tensorboard = false;  ///< per-parameter and global gradient norms
+  /// Rolling-window throughput (`throughput/*`) and the interval's model TFLOP/s (`throughput/tflops/device`,
+  /// `throughput/tflops`) in the writers.
   bool log_throughput_to_tensorboard = false;
   int64_t throughput_window_size = 100;  ///< steps in the rolling throughput window
   bool log_runtime_to_tensorboard = false;
   std::string runtime_time_unit = "hours";  ///< seconds, minutes, hours or days
   bool log_loss_scale_to_tensorboard = true;
   bool log_world_size_to_tensorboard = false;
+  /// `iteration-time` (seconds per step over the log interval) in the writers, as Megatron's timers.
+  bool log_timers_to_tensorboard = false;
+  /// `<loss> validation ppl` (and the test one) beside `<loss> validation` in the writers.
+  bool log_validation_ppl_to_tensorboard = false;
 };
 
 struct RNGConfig {
@@ -151,7 +168,8 @@ struct CheckpointConfig {
   std::string load;
   /// Load this iteration of `load` instead of the tracker's.
   std::optional<int64_t> ckpt_step;
-  /// Weights only (fresh optimizer, scheduler and step 0) from this directory, when nothing else is resumed.
+  /// Weights only (fresh optimizer, scheduler and step 0) from this directory, when nothing else is resumed; or
+  /// `hf:<dir>`, a Hugging Face GPT-2 directory (config.json + model.safetensors, bridge/hf/gpt2.h).
   std::string pretrained_checkpoint;
   /// Load only the model from `load`: fresh optimizer, scheduler, RNG and counters (Megatron's --finetune).
   bool finetune = false;

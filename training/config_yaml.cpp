@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include <utility>
 
 #include "training/callbacks/registry.h"
+#include "training/megatron_bridge_keys.h"
 #include "utils/closest_match.h"
 #include "utils/strings.h"
 
@@ -30,17 +32,8 @@ using std::chrono::milliseconds;
 
 // ---- Codecs: one per C++ type; parse returns nullopt when the node is not of the type. ----
 
-std::string_view trim(std::string_view text) {
-  const auto begin = text.find_first_not_of(" \t\r\n");
-  if (begin == std::string_view::npos) return {};
-  return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
-}
-
-std::string lower(std::string_view text) {
-  std::string result(text);
-  std::transform(result.begin(), result.end(), result.begin(), [](unsigned char c) { return std::tolower(c); });
-  return result;
-}
+using bridge::utils::to_lower;
+using bridge::utils::trim;
 
 // A plain (unquoted) YAML null: `key:`, `key: null`, `key: ~`. A quoted "null" is the string.
 bool is_null(const YAML::Node& node) { return !node.IsDefined() || node.IsNull(); }
@@ -97,7 +90,7 @@ struct Codec<bool> {
   static std::string type() { return "bool"; }
   static std::optional<bool> parse(const YAML::Node& node) {
     if (!node.IsScalar()) return std::nullopt;
-    const std::string text = lower(trim(node.Scalar()));
+    const std::string text = to_lower(trim(node.Scalar()));
     if (text == "true" || text == "yes" || text == "on") return true;
     if (text == "false" || text == "no" || text == "off") return false;
     return std::nullopt;
@@ -179,7 +172,7 @@ struct Codec<milliseconds> {
     double amount = 0.0;
     const auto [end, error] = std::from_chars(text.data(), text.data() + split, amount);
     if (error != std::errc() || end != text.data() + split) return std::nullopt;
-    const std::string unit = lower(trim(text.substr(split)));
+    const std::string unit = to_lower(trim(text.substr(split)));
     for (const DurationUnit& candidate : kDurationUnits) {
       if (unit != candidate.name && !(unit == "m" && candidate.name == "min")) continue;
       const double ms = amount * static_cast<double>(candidate.milliseconds);
@@ -209,7 +202,7 @@ struct Codec<parallel::Backend> {
   }
   static std::optional<parallel::Backend> parse(const YAML::Node& node) {
     if (!node.IsScalar()) return std::nullopt;
-    const std::string text = lower(trim(node.Scalar()));
+    const std::string text = to_lower(trim(node.Scalar()));
     for (parallel::Backend backend : kBackends) {
       if (text == parallel::to_string(backend)) return backend;
     }
@@ -227,7 +220,7 @@ struct Codec<models::AttnBackend> {
   static std::string type() { return "auto or unfused"; }
   static std::optional<models::AttnBackend> parse(const YAML::Node& node) {
     if (!node.IsScalar()) return std::nullopt;
-    const std::string text = lower(trim(node.Scalar()));
+    const std::string text = to_lower(trim(node.Scalar()));
     for (const auto& [backend, name] : kAttnBackends) {
       if (text == name) return backend;
     }
@@ -236,6 +229,41 @@ struct Codec<models::AttnBackend> {
   static void emit(YAML::Emitter& out, models::AttnBackend value) {
     for (const auto& [backend, name] : kAttnBackends) {
       if (value == backend) out << std::string(name);
+    }
+  }
+};
+
+// Megatron-Core's activation names for the two GeLUs. Megatron-Bridge's YAML dumps write the function as
+// {_target_: torch.nn.functional.gelu, _call_: false}: its last name is read.
+constexpr std::pair<models::ActivationFunc, std::string_view> kActivations[] = {
+    {models::ActivationFunc::kGelu, "gelu"},
+    {models::ActivationFunc::kOpenaiGelu, "openai_gelu"},
+    {models::ActivationFunc::kOpenaiGelu, "fast_gelu"}};
+
+template <>
+struct Codec<models::ActivationFunc> {
+  static std::string type() { return "gelu or openai_gelu"; }
+  static std::optional<models::ActivationFunc> parse(const YAML::Node& node) {
+    std::string text;
+    if (node.IsMap() && node["_target_"] && node["_target_"].IsScalar()) {
+      text = node["_target_"].Scalar();
+      text = text.substr(text.rfind('.') + 1);
+    } else if (node.IsScalar()) {
+      text = to_lower(trim(node.Scalar()));
+    } else {
+      return std::nullopt;
+    }
+    for (const auto& [activation, name] : kActivations) {
+      if (text == name) return activation;
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, models::ActivationFunc value) {
+    for (const auto& [activation, name] : kActivations) {
+      if (value == activation) {
+        out << std::string(name);
+        return;
+      }
     }
   }
 };
@@ -266,11 +294,17 @@ struct Field {
   std::function<void(YAML::Emitter&, const ConfigContainer&)> emit;
   /// false when the node is not of the field's type (the config is then unchanged).
   std::function<bool(ConfigContainer&, const YAML::Node&)> parse;
+  /// Sets the field back to its default.
+  std::function<void(ConfigContainer&)> reset;
+  /// Whether a YAML null is one of its values (optionals, strings, lists); elsewhere null means the default.
+  bool takes_null = false;
 };
 
 template <class Section, class T>
 Field field(std::string key, Section ConfigContainer::*section, T Section::*member, std::string doc) {
-  return Field{std::move(key), Codec<T>::type(), std::move(doc),
+  return Field{std::move(key),
+               Codec<T>::type(),
+               std::move(doc),
                [section, member](YAML::Emitter& out, const ConfigContainer& config) {
                  Codec<T>::emit(out, (config.*section).*member);
                },
@@ -279,7 +313,12 @@ Field field(std::string key, Section ConfigContainer::*section, T Section::*memb
                  if (!value) return false;
                  (config.*section).*member = std::move(*value);
                  return true;
-               }};
+               },
+               [section, member](ConfigContainer& config) {
+                 static const ConfigContainer defaults;
+                 (config.*section).*member = (defaults.*section).*member;
+               },
+               Codec<T>::parse(YAML::Node(YAML::NodeType::Null)).has_value()};
 }
 
 using C = ConfigContainer;
@@ -304,6 +343,8 @@ const std::vector<Field>& fields() {
       field("model.attention_dropout", &C::model, &GPTConfig::attention_dropout, "Dropout on attention weights."),
       field("model.attention_backend", &C::model, &GPTConfig::attention_backend,
             "auto = scaled_dot_product_attention on LibTorch 2.x; unfused = explicit softmax(QK^T)V."),
+      field("model.activation_func", &C::model, &GPTConfig::activation_func,
+            "The MLP's GeLU: gelu (exact erf) or openai_gelu (tanh approximation: GPT-2's gelu_new; fast_gelu)."),
       field("model.layernorm_epsilon", &C::model, &GPTConfig::layernorm_epsilon, "LayerNorm epsilon."),
       field("model.init_method_std", &C::model, &GPTConfig::init_method_std,
             "Std of the normal weight initialisation (output projections: std / sqrt(2 x num_layers))."),
@@ -393,6 +434,16 @@ const std::vector<Field>& fields() {
       field("dataset.validate_tokens", &C::dataset, &DatasetConfig::validate_tokens,
             "Check at startup that every token id is below model.vocab_size (reads the data once); null = when the "
             "data is at most 4 GiB."),
+      field("dataset.reset_position_ids", &C::dataset, &DatasetConfig::reset_position_ids,
+            "Positions restart at 0 after each end-of-document token (Megatron's --reset-position-ids)."),
+      field("dataset.reset_attention_mask", &C::dataset, &DatasetConfig::reset_attention_mask,
+            "Tokens after an end-of-document token do not attend to it or before (an [s, s] mask per sample)."),
+      field("dataset.eod_mask_loss", &C::dataset, &DatasetConfig::eod_mask_loss,
+            "No loss on the token that follows an end-of-document token."),
+      field("dataset.eod_token_id", &C::dataset, &DatasetConfig::eod_token_id,
+            "The end-of-document token of those three; null = model.vocab_size - 1 (256 byte-level, 50256 GPT-2)."),
+      field("dataset.mid_level_dataset_surplus", &C::dataset, &DatasetConfig::mid_level_dataset_surplus,
+            "A blend builds each dataset this fraction beyond its share of the samples (Megatron's 0.005)."),
 
       field("logging.log_interval", &C::logging, &LoggingConfig::log_interval,
             "Print the training log line every this many steps."),
@@ -411,7 +462,7 @@ const std::vector<Field>& fields() {
       field("logging.log_l2_norm_grad_to_tensorboard", &C::logging, &LoggingConfig::log_l2_norm_grad_to_tensorboard,
             "Write per-parameter and global gradient norms."),
       field("logging.log_throughput_to_tensorboard", &C::logging, &LoggingConfig::log_throughput_to_tensorboard,
-            "Write throughput to the metric writers."),
+            "Write throughput (rolling-window rates and the model TFLOP/s) to the metric writers."),
       field("logging.throughput_window_size", &C::logging, &LoggingConfig::throughput_window_size,
             "Steps in the rolling throughput window."),
       field("logging.log_runtime_to_tensorboard", &C::logging, &LoggingConfig::log_runtime_to_tensorboard,
@@ -422,6 +473,10 @@ const std::vector<Field>& fields() {
             "Write the loss scale to the metric writers."),
       field("logging.log_world_size_to_tensorboard", &C::logging, &LoggingConfig::log_world_size_to_tensorboard,
             "Write the world size to the metric writers."),
+      field("logging.log_timers_to_tensorboard", &C::logging, &LoggingConfig::log_timers_to_tensorboard,
+            "Write iteration-time (seconds per step) to the metric writers."),
+      field("logging.log_validation_ppl_to_tensorboard", &C::logging, &LoggingConfig::log_validation_ppl_to_tensorboard,
+            "Write the validation and test perplexity beside their losses to the metric writers."),
 
       field("rng.seed", &C::rng, &RNGConfig::seed, "Seed of the data order and dropout."),
 
@@ -434,7 +489,8 @@ const std::vector<Field>& fields() {
       field("checkpoint.ckpt_step", &C::checkpoint, &CheckpointConfig::ckpt_step,
             "Iteration of checkpoint.load to resume from; null = the latest."),
       field("checkpoint.pretrained_checkpoint", &C::checkpoint, &CheckpointConfig::pretrained_checkpoint,
-            "Directory to take the weights from (fresh optimizer, scheduler and step) when nothing is resumed."),
+            "Directory to take the weights from (fresh optimizer, scheduler and step) when nothing is resumed; "
+            "hf:<dir> takes them from a Hugging Face GPT-2 (config.json + model.safetensors)."),
       field("checkpoint.finetune", &C::checkpoint, &CheckpointConfig::finetune,
             "Load only the model from checkpoint.load; start at step 0 with a fresh optimizer and RNG."),
       field("checkpoint.no_load_optim", &C::checkpoint, &CheckpointConfig::no_load_optim,
@@ -565,7 +621,9 @@ std::string a_or_an(const std::string& noun) {
   return (noun.empty() || std::string_view("aeiou").find(noun[0]) == std::string_view::npos ? "a " : "an ") + noun;
 }
 
-std::string unknown_key_message(const std::string& path) {
+std::string unknown_key_message(const std::string& written) {
+  // Megatron-Bridge's section names suggest bridge's keys: "logger.tensorbord_dir" -> "logging.tensorboard_dir".
+  const std::string path = to_bridge_section(written);
   std::vector<std::string_view> keys;
   for (const Field& f : fields()) keys.push_back(f.key);
   std::optional<std::string> suggestion = utils::closest_match(path, keys);
@@ -590,7 +648,7 @@ std::string unknown_key_message(const std::string& path) {
       }
     }
   }
-  std::string message = "unknown config key '" + path + "'";
+  std::string message = "unknown config key '" + written + "'";
   if (suggestion) {
     message += "; did you mean '" + *suggestion + "'?";
   } else if (const std::string section(section_of(path)); is_section(section)) {
@@ -605,6 +663,13 @@ std::string unknown_key_message(const std::string& path) {
   return message + " (bridge-pretrain --help lists every key)";
 }
 
+std::string emit_value(const Field& f, const ConfigContainer& config) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  f.emit(out, config);
+  return out.c_str();
+}
+
 void set_field(const Field& f, ConfigContainer& config, const YAML::Node& value, const Source& source) {
   if (!f.parse(config, value)) {
     std::string expected = a_or_an(f.type);
@@ -613,35 +678,120 @@ void set_field(const Field& f, ConfigContainer& config, const YAML::Node& value,
   }
 }
 
+// How a document set a key so far, to tell a key set twice from Megatron-Bridge's two spellings of one value.
+struct Written {
+  std::string as;     // the key as written: "dataset.seq_length"
+  std::string value;  // the value it left, as to_yaml writes it
+  bool overrides = false;
+};
+using WrittenKeys = std::map<std::string, Written>;  // by bridge's key
+
+// Sets `f` from `value`, written as `as`. A plain null on a field that takes no null means "the default" (as in
+// Megatron-Bridge, where null leaves a field to be derived): it resets a field this document has not set and is
+// otherwise ignored. Two spellings of one key (model.seq_length and dataset.seq_length) must agree, unless one of
+// them is Megatron-Bridge's overriding key, which wins.
+void set_written(const Field& f, ConfigContainer& config, const YAML::Node& value, const Source& source,
+                 const YAML::Node& key, const std::string& as, bool overrides, WrittenKeys& written) {
+  const auto previous = written.find(f.key);
+  if (previous != written.end()) {
+    if (previous->second.as == as) throw ConfigError(source.at(key) + ": " + as + " is set twice; keep one");
+    if (previous->second.overrides && !overrides) return;
+  }
+  if (is_null(value) && !f.takes_null) {
+    if (previous == written.end()) f.reset(config);
+    return;
+  }
+  set_field(f, config, value, source);
+  Written now{as, emit_value(f, config), overrides};
+  if (previous == written.end()) {
+    written.emplace(f.key, std::move(now));
+  } else if (overrides && !previous->second.overrides) {
+    previous->second = std::move(now);
+  } else if (now.value != previous->second.value) {
+    throw ConfigError(source.at(key) + ": " + as + ": " + now.value + " disagrees with " + previous->second.as + ": " +
+                      previous->second.value + "; both set " + f.key + ", keep one");
+  }
+}
+
+KeyValue key_value(const YAML::Node& node) {
+  if (is_null(node)) return {KeyValue::Kind::kNull, ""};
+  if (node.IsScalar()) return {KeyValue::Kind::kScalar, node.Scalar()};
+  return {KeyValue::Kind::kOther, ""};
+}
+
+// Megatron-Bridge's dataset.blend, [[prefix, ...], [weight, ...] or null], as Megatron's data_path list:
+// [weight, prefix, ...], or the prefixes alone when there are no weights.
+YAML::Node data_path_of_blend(const YAML::Node& blend, const std::string& path, const Source& source) {
+  if (is_null(blend)) return blend;
+  const auto fail = [&] {
+    throw ConfigError(source.at(blend) + ": " + path +
+                      " must be [[prefix, ...], [weight, ...]] or [[prefix, ...], null], as Megatron-Bridge's "
+                      "get_blend_from_list writes it; got " +
+                      describe(blend));
+  };
+  if (!blend.IsSequence() || blend.size() < 1 || blend.size() > 2 || !blend[0].IsSequence()) fail();
+  const YAML::Node prefixes = blend[0];
+  const YAML::Node weights = blend.size() == 2 ? blend[1] : YAML::Node();
+  if (!is_null(weights) && (!weights.IsSequence() || weights.size() != prefixes.size())) fail();
+  YAML::Node list(YAML::NodeType::Sequence);
+  for (std::size_t i = 0; i < prefixes.size(); ++i) {
+    if (!prefixes[i].IsScalar() || (!is_null(weights) && !weights[i].IsScalar())) fail();
+    if (!is_null(weights)) list.push_back(weights[i].Scalar());
+    list.push_back(prefixes[i].Scalar());
+  }
+  return list;
+}
+
+// Megatron-Bridge's name for a key, translated (nullopt: not one of its names).
+std::optional<KeyTranslation> translate(const std::string& path, const YAML::Node& key, const YAML::Node& value,
+                                        const Source& source) {
+  try {
+    return translate_megatron_bridge_key(path, key_value(value));
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError(source.at(key) + ": " + error.what());
+  }
+}
+
 void apply_map(ConfigContainer& config, const YAML::Node& map, const std::string& prefix, const Source& source,
-               std::set<std::string>& seen) {
+               WrittenKeys& written) {
   for (auto it = map.begin(); it != map.end(); ++it) {
     // Copies: yaml-cpp's iterator hands out a temporary pair, so references to its members would dangle.
     const YAML::Node key = it->first;
     const YAML::Node value = it->second;
     if (!key.IsScalar()) throw ConfigError(source.at(key) + ": keys must be names, got " + describe(key));
     const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
+    const auto once = [&] {
+      if (written.count(path) != 0) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
+      written.emplace(path, Written{path});
+    };
     if (const Field* f = find_field(path)) {
-      if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
-      set_field(*f, config, value, source);
+      set_written(*f, config, value, source, key, path, /*overrides=*/false, written);
     } else if (path == "mixed_precision" && value.IsScalar()) {
       // Megatron-Bridge's ConfigContainer.mixed_precision also takes a recipe name.
-      if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
+      once();
       try {
         apply_mixed_precision_recipe(config.mixed_precision, value.Scalar());
       } catch (const std::invalid_argument& error) {
         throw ConfigError(source.at(value) + ": " + error.what());
       }
     } else if (path == "callbacks") {
-      if (!seen.insert(path).second) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
+      once();
       config.callbacks = parse_callbacks(value, source);
-    } else if (is_section(path)) {
+    } else if (const std::optional<KeyTranslation> translation = translate(path, key, value, source)) {
+      if (translation->key.empty()) continue;  // read; no effect in bridge
+      const Field* target = find_field(translation->key);
+      if (target == nullptr) throw ConfigError(source.at(key) + ": " + unknown_key_message(path));
+      const YAML::Node node = translation->blend               ? data_path_of_blend(value, path, source)
+                              : translation->value.has_value() ? YAML::Load(*translation->value)
+                                                               : value;
+      set_written(*target, config, node, source, key, path, translation->overrides, written);
+    } else if (is_section(path) || is_megatron_bridge_section(path)) {
       if (is_null(value)) continue;  // a section with every key commented out
       if (!value.IsMap()) {
         throw ConfigError(source.at(key) + ": '" + path + "' is a section, not a value; set its keys (" + path +
                           ".<key>), got " + describe(value));
       }
-      apply_map(config, value, path, source, seen);
+      apply_map(config, value, path, source, written);
     } else {
       throw ConfigError(source.at(key) + ": " + unknown_key_message(path));
     }
@@ -658,13 +808,6 @@ YAML::Node parse_yaml(std::string_view text, const std::string& source_name) {
     }
     throw ConfigError(where + ": bad YAML: " + error.msg);
   }
-}
-
-std::string emit_value(const Field& f, const ConfigContainer& config) {
-  YAML::Emitter out;
-  out.SetNullFormat(YAML::LowerNull);
-  f.emit(out, config);
-  return out.c_str();
 }
 
 // `text` wrapped to `width` columns, each line starting with `indent`.
@@ -741,8 +884,8 @@ void merge_config_yaml(ConfigContainer& config, std::string_view text, std::stri
     throw ConfigError(origin.at(root) + ": the top level must be a mapping of sections (" +
                       utils::join(sections(), ":, ") + ":), got " + describe(root));
   }
-  std::set<std::string> seen;
-  apply_map(config, root, "", origin, seen);
+  WrittenKeys written;
+  apply_map(config, root, "", origin, written);
 }
 
 ConfigContainer load_config_yaml_string(std::string_view text, std::string_view source) {
@@ -780,15 +923,36 @@ ConfigContainer load_config_yaml(const std::filesystem::path& path) {
 
 void apply_override(ConfigContainer& config, std::string_view assignment) {
   const Source origin{"override '" + std::string(assignment) + "'", /*has_lines=*/false};
-  const std::size_t equals = assignment.find('=');
-  const std::string key(trim(assignment.substr(0, equals)));
+  // Hydra's forms, as Megatron-Bridge's scripts take them: +key=value and ++key=value set the key (bridge's keys all
+  // exist already); ~key puts it back to its default.
+  std::string_view text = trim(assignment);
+  const bool reset = !text.empty() && text.front() == '~';
+  if (reset) {
+    text.remove_prefix(1);
+  } else {
+    while (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  }
+  const std::size_t equals = text.find('=');
+  const std::string key(trim(text.substr(0, equals)));
+  if (reset) {
+    const Field* f = find_field(key);
+    if (f == nullptr) {
+      const std::optional<KeyTranslation> translation = translate_megatron_bridge_key(key, {KeyValue::Kind::kNull});
+      if (!translation) throw ConfigError(origin.name + ": " + unknown_key_message(key));
+      if (translation->key.empty()) return;  // nothing in bridge to put back
+      f = find_field(translation->key);
+      if (f == nullptr) throw ConfigError(origin.name + ": " + unknown_key_message(key));
+    }
+    f->reset(config);
+    return;
+  }
   if (equals == std::string_view::npos || key.empty()) {
     throw ConfigError(origin.name + ": an override is key=value, e.g. train.train_iters=100 (keys: --help)");
   }
   YAML::Node map(YAML::NodeType::Map);
-  map[key] = parse_yaml(assignment.substr(equals + 1), origin.name);
-  std::set<std::string> seen;
-  apply_map(config, map, "", origin, seen);
+  map[key] = parse_yaml(text.substr(equals + 1), origin.name);
+  WrittenKeys written;
+  apply_map(config, map, "", origin, written);
 }
 
 std::string to_yaml(const ConfigContainer& config) {

@@ -36,13 +36,14 @@ torch::Tensor TokenStreamDataset::sample(int64_t index) const {
 }
 
 DataIterator::DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank,
-                           int dp_size, int64_t consumed_samples, torch::Device device)
+                           int dp_size, int64_t consumed_samples, torch::Device device, DocumentMasking masking)
     : dataset_(std::move(dataset)),
       micro_batch_size_(micro_batch_size),
       dp_rank_(dp_rank),
       dp_size_(dp_size),
       consumed_samples_(consumed_samples),
-      device_(device) {
+      device_(device),
+      masking_(masking) {
   if (!dataset_) throw std::invalid_argument("DataIterator: no dataset");
   if (micro_batch_size < 1) throw std::invalid_argument("DataIterator: micro_batch_size must be >= 1");
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
@@ -64,12 +65,40 @@ GPTBatch DataIterator::next() {
   batch.labels = text.slice(1, 1, s + 1).contiguous();
   batch.loss_mask = torch::ones({micro_batch_size_, s}, torch::kFloat);
   batch.position_ids = torch::arange(s, torch::kLong).unsqueeze(0).expand({micro_batch_size_, s}).contiguous();
+  if (masking_.any()) apply_document_masking(batch, masking_);
   if (!device_.is_cpu()) {
-    for (torch::Tensor* tensor : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids}) {
-      *tensor = tensor->to(device_);
+    for (torch::Tensor* tensor :
+         {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids, &batch.attention_mask}) {
+      if (tensor->defined()) *tensor = tensor->to(device_);
     }
   }
   return batch;
+}
+
+void apply_document_masking(GPTBatch& batch, const DocumentMasking& masking) {
+  const int64_t b = batch.tokens.size(0);
+  const int64_t s = batch.tokens.size(1);
+  const torch::Tensor eod = batch.tokens.eq(masking.eod_token);
+  batch.loss_mask = torch::ones({b, s}, torch::kFloat);
+  if (masking.eod_mask_loss) batch.loss_mask.masked_fill_(eod, 0.0);
+  batch.position_ids = torch::arange(s, torch::kLong).unsqueeze(0).repeat({b, 1});
+  if (masking.reset_attention_mask) batch.attention_mask = torch::ones({b, 1, s, s}, torch::kBool).triu(1);
+  if (!masking.reset_position_ids && !masking.reset_attention_mask) return;
+  // Per sample, a loop over its (few) end-of-document tokens, as Megatron's.
+  const torch::Tensor eod_cpu = eod.cpu();
+  for (int64_t row = 0; row < b; ++row) {
+    const torch::Tensor where = eod_cpu[row].nonzero().flatten().contiguous();
+    const auto* index = where.data_ptr<int64_t>();
+    int64_t previous = 0;
+    for (int64_t n = 0; n < where.numel(); ++n) {
+      const int64_t i = index[n];
+      if (masking.reset_attention_mask) batch.attention_mask[row][0].slice(0, i + 1).slice(1, 0, i + 1).fill_(true);
+      if (masking.reset_position_ids) {
+        batch.position_ids[row].slice(0, i + 1).sub_(i + 1 - previous);
+        previous = i + 1;
+      }
+    }
+  }
 }
 
 }  // namespace bridge::training

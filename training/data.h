@@ -23,7 +23,25 @@ struct GPTBatch {
   torch::Tensor labels;        ///< int64
   torch::Tensor loss_mask;     ///< float, 1 where the label counts
   torch::Tensor position_ids;  ///< int64
+  /// bool [micro_batch_size, 1, s, s], true where a token may not attend (Megatron's sense); undefined = causal.
+  torch::Tensor attention_mask;
 };
+
+/// Megatron's GPTDatasetConfig options for documents packed into one sample: each end-of-document token (in the
+/// inputs) ends a document for the positions, the attention and the loss.
+struct DocumentMasking {
+  int64_t eod_token = -1;             ///< the end-of-document id (read only when an option is on)
+  bool reset_position_ids = false;    ///< positions restart at 0 after each end-of-document token
+  bool reset_attention_mask = false;  ///< tokens after an end-of-document token cannot see it or anything before
+  bool eod_mask_loss = false;         ///< no loss on predicting the token after an end-of-document token
+  bool any() const { return reset_position_ids || reset_attention_mask || eod_mask_loss; }
+};
+
+/// Megatron's _get_ltor_masks_and_position_ids over a micro-batch: sets `batch`'s loss_mask, position_ids and (with
+/// reset_attention_mask) attention_mask from its tokens [b, s]. Token i = eod with all three on:
+///   positions 0..i, then 0, 1, ...; queries after i see keys after i only; the loss of label i (the token after
+///   the eod) is masked, the eod's own prediction counts.
+void apply_document_masking(GPTBatch& batch, const DocumentMasking& masking);
 
 /// Samples of seq_length + 1 tokens (inputs and the label after the last one).
 class GPTDataset {
@@ -69,8 +87,9 @@ class TokenStreamDataset : public GPTDataset {
 class DataIterator {
  public:
   /// Batches are moved to `device` (the model's), as Megatron's get_batch moves them to the current GPU.
+  /// `masking` splits samples at end-of-document tokens (none by default).
   DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank, int dp_size,
-               int64_t consumed_samples = 0, torch::Device device = torch::kCPU);
+               int64_t consumed_samples = 0, torch::Device device = torch::kCPU, DocumentMasking masking = {});
   /// The next micro-batch of this rank, on the iterator's device; advances by micro_batch_size * dp_size samples.
   GPTBatch next();
   int64_t consumed_samples() const { return consumed_samples_; }
@@ -82,6 +101,7 @@ class DataIterator {
   int dp_rank_, dp_size_;
   int64_t consumed_samples_;
   torch::Device device_;
+  DocumentMasking masking_;
 };
 
 /// The datasets pretrain() draws from; valid and test may be null (no evaluation then).

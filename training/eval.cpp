@@ -1,5 +1,6 @@
 // Evaluation (Megatron-Bridge's eval.py): forward passes only, in eval mode, over train.eval_iters steps of the
-// validation or test data; the end event sees the total loss dict while the model is still in eval mode.
+// validation or test data; the end event sees the total loss dict while the model is still in eval mode. The losses
+// go to the metric writers and the console under Megatron's names.
 #include <cmath>
 #include <cstdio>
 
@@ -34,18 +35,23 @@ LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training) {
   setup.fire(end, [&](CallbackContext& ctx) { ctx.total_loss_dict = total; });
   for (models::GPTModel& chunk : setup.model) chunk->train();
 
+  if (setup.logger) setup.logger->write_evaluation(total, is_test);
   if (parallel::get_rank() == setup.world_size - 1 && !total.empty()) {
-    const std::string when =
-        after_training ? "the end of training" : "iteration " + std::to_string(setup.state.train_state.step);
-    std::string line = (is_test ? " test loss at " : " validation loss at ") + when + " |";
+    // Megatron's block: a test's line also reads "validation loss at", told apart by its "on test set".
+    std::string line = " validation loss at iteration " + std::to_string(setup.state.train_state.step);
+    if (after_training) line += is_test ? " on test set" : " on validation set";
+    line += " | ";
     for (const auto& [key, value] : total) {
       const double loss = value.item<double>();
       char text[96];
-      std::snprintf(text, sizeof(text), " %s value: %E | %s PPL: %E |", key.c_str(), loss, key.c_str(),
+      std::snprintf(text, sizeof(text), "%s value: %E | %s PPL: %E | ", key.c_str(), loss, key.c_str(),
                     std::exp(std::min(20.0, loss)));
       line += text;
     }
+    const std::string rule(line.size() + 1, '-');
+    bridge::utils::log_info_on_this_rank(rule);
     bridge::utils::log_info_on_this_rank(line);
+    bridge::utils::log_info_on_this_rank(rule);
   }
   return total;
 }

@@ -17,7 +17,7 @@ LossFunc masked_token_loss(torch::Tensor loss_mask) {
 
 StepResult gpt_forward_step(DataIterator& data_iterator, models::GPTModel& model) {
   GPTBatch batch = data_iterator.next();
-  torch::Tensor output = model->forward(batch.tokens, batch.position_ids, batch.labels);
+  torch::Tensor output = model->forward(batch.tokens, batch.position_ids, batch.labels, batch.attention_mask);
   return {output, masked_token_loss(batch.loss_mask)};
 }
 

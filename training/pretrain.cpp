@@ -112,9 +112,15 @@ std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::share
                                 ") differs from model.seq_length (" + std::to_string(setup.config.model.seq_length) +
                                 "); build the datasets with model.seq_length");
   }
+  const DatasetConfig& options = setup.config.dataset;
+  DocumentMasking masking;
+  masking.eod_token = options.eod_token_id.value_or(setup.config.model.vocab_size - 1);
+  masking.reset_position_ids = options.reset_position_ids;
+  masking.reset_attention_mask = options.reset_attention_mask;
+  masking.eod_mask_loss = options.eod_mask_loss;
   for (std::size_t i = 0; i < setup.model.size(); ++i) {
     result.emplace_back(dataset, setup.config.train.micro_batch_size, setup.data_parallel_rank,
-                        setup.data_parallel_size, consumed_samples, setup.device);
+                        setup.data_parallel_size, consumed_samples, setup.device, masking);
   }
   return result;
 }

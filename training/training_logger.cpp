@@ -208,13 +208,15 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
     const int64_t iterations =
         std::max<int64_t>(1, total_loss_dict_.advanced_iterations + total_loss_dict_.skipped_iterations);
     line.elapsed_ms_per_iteration = elapsed * 1000.0 / static_cast<double>(iterations);
-    record.metrics["iteration-time-ms"] = line.elapsed_ms_per_iteration;
     const double flops = std::max(train_state.floating_point_operations_so_far - flops_at_last_log_, 0.0);
     flops_at_last_log_ = train_state.floating_point_operations_so_far;
     const double tflops = elapsed > 0.0 ? flops / elapsed / setup_.world_size / 1e12 : 0.0;
-    if (logging.log_throughput) {
-      line.tflops_per_device = tflops;
-      record.metrics["throughput"] = tflops;
+    if (logging.log_throughput) line.tflops_per_device = tflops;
+    // Megatron-Bridge's names and units: seconds per step, TFLOP/s per device and in all.
+    if (logging.log_timers_to_tensorboard) record.metrics["iteration-time"] = line.elapsed_ms_per_iteration / 1000.0;
+    if (logging.log_throughput_to_tensorboard) {
+      record.metrics["throughput/tflops/device"] = tflops;
+      record.metrics["throughput/tflops"] = tflops * setup_.world_size;
     }
   }
   setup_.fire_training(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
@@ -255,7 +257,7 @@ void TrainingLogger::write(const LogRecord& record, const LossDict& loss_dict, i
   static const char* const kVsSamples[] = {"learning-rate", "batch-size", "loss-scale",
                                            "world-size",    "grad-norm",  "params-norm"};
   const int64_t samples = setup_.state.train_state.consumed_train_samples;
-  try {
+  write_guarded("metrics", iteration, [&] {
     for (const auto& [name, value] : record.metrics) {
       writer_->add_scalar(name, value, iteration);
       const bool vs_samples = loss_dict.count(name) != 0 ||
@@ -263,14 +265,40 @@ void TrainingLogger::write(const LogRecord& record, const LossDict& loss_dict, i
       if (tensorboard_ && vs_samples) tensorboard_->add_scalar(name + " vs samples", value, samples);
     }
     for (const auto& [tag, text] : record.texts) writer_->add_text(tag, text, iteration);
+  });
+}
+
+void TrainingLogger::write_guarded(const char* what, int64_t iteration, const std::function<void()>& writes) {
+  try {
+    writes();
     writer_->flush();
   } catch (const std::exception& e) {
     // Only this rank writes: keep training to the next log step, whose collective fails every rank together.
     writer_error_ = e.what();
-    bridge::utils::logger().error("writing the metrics of step {} failed: {}", iteration, writer_error_);
+    bridge::utils::logger().error("writing the {} of step {} failed: {}", what, iteration, writer_error_);
     writer_.reset();
     tensorboard_.reset();
   }
+}
+
+void TrainingLogger::write_evaluation(const LossDict& total, bool is_test) {
+  if (!writer_) return;
+  const LoggingConfig& logging = setup_.config.logging;
+  const TrainState& train_state = setup_.state.train_state;
+  const std::string suffix = is_test ? " test" : " validation";
+  write_guarded(is_test ? "test losses" : "validation losses", train_state.step, [&] {
+    for (const auto& [key, value] : total) {
+      const double loss = value.item<double>();
+      const double ppl = std::exp(std::min(20.0, loss));
+      const std::string tag = key + suffix;
+      writer_->add_scalar(tag, loss, train_state.step);
+      if (tensorboard_) tensorboard_->add_scalar(tag + " vs samples", loss, train_state.consumed_train_samples);
+      if (logging.log_validation_ppl_to_tensorboard) {
+        writer_->add_scalar(tag + " ppl", ppl, train_state.step);
+        if (tensorboard_) tensorboard_->add_scalar(tag + " ppl vs samples", ppl, train_state.consumed_train_samples);
+      }
+    }
+  });
 }
 
 void TrainingLogger::flush() {

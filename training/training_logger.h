@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,12 +43,20 @@ class TrainingLogger {
   /// the collective agreed at a log step, nothing otherwise.
   std::optional<LoggedStep> after_step(const LossDict& loss_dict, double grad_norm, bool skipped_iter);
 
+  /// On the writer rank, writes an evaluation's losses as Megatron does: `<key> validation` (and `<key> validation
+  /// ppl` with logging.log_validation_ppl_to_tensorboard) at the step, the `... vs samples` curves in TensorBoard.
+  /// A test writes `<key> test` alike: Megatron writes its test losses under the validation tags, where they would
+  /// land on the final validation's point. A failure is logged and fails the next log step.
+  void write_evaluation(const LossDict& total, bool is_test);
+
   /// Flushes the writers (at the end of training; the writers also flush after every write). A failure is logged,
   /// not thrown: the other ranks could not learn of it.
   void flush();
 
  private:
   void write(const LogRecord& record, const LossDict& loss_dict, int64_t iteration);
+  /// Runs `writes` and flushes; a failure is logged, the writers closed and the error kept for the next log step.
+  void write_guarded(const char* what, int64_t iteration, const std::function<void()>& writes);
   bool is_console_step(int64_t iteration) const;
   bool is_writer_step(int64_t iteration) const;
   double seconds_since_start() const;

@@ -21,6 +21,14 @@ enum class AttnBackend {
   kUnfused,
 };
 
+/// The MLP's activation (Megatron-Core's activation_func, of the two GPTs use).
+enum class ActivationFunc {
+  /// GeLU with the exact erf (torch.nn.functional.gelu; Megatron's default).
+  kGelu,
+  /// GeLU's tanh approximation: OpenAI's GPT-2 (Hugging Face's `gelu_new`), Megatron's --openai-gelu.
+  kOpenaiGelu,
+};
+
 struct GPTConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
@@ -35,6 +43,7 @@ struct GPTConfig {
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   AttnBackend attention_backend = AttnBackend::kAuto;
+  ActivationFunc activation_func = ActivationFunc::kGelu;
   double layernorm_epsilon = 1e-5;
   /// Standard deviation of the normal initialisation; output projections use std / sqrt(2 * num_layers).
   double init_method_std = 0.02;

@@ -67,7 +67,7 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
 }
 
 torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Tensor& position_ids,
-                                    const torch::Tensor& labels) {
+                                    const torch::Tensor& labels, const torch::Tensor& attention_mask) {
   torch::Tensor hidden;
   if (options_.pre_process) {
     hidden = (word_embeddings(tokens) + position_embeddings(position_ids)).transpose(0, 1).contiguous();
@@ -80,7 +80,7 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
     }
     hidden = input_tensor_;
   }
-  for (const auto& layer : *layers) hidden = layer->as<TransformerLayerImpl>()->forward(hidden);
+  for (const auto& layer : *layers) hidden = layer->as<TransformerLayerImpl>()->forward(hidden, attention_mask);
   if (!options_.post_process) return hidden;
 
   hidden = final_layernorm(hidden);

@@ -35,9 +35,10 @@ class GPTModelImpl : public torch::nn::Module {
   /// tokens, position_ids: [b, s] int64. On the first stage the input is embedded from `tokens`; elsewhere it is the
   /// tensor given to set_input_tensor ([s, b, h]). Returns, on the last stage, the per-token loss [b, s] when
   /// `labels` is defined, else the vocab-parallel logits [b, s, padded_vocab / tp]; elsewhere the hidden states
-  /// [s, b, h] for the next stage.
+  /// [s, b, h] for the next stage. `attention_mask` (bool [b, 1, s, s], true = masked, as Megatron's; every stage
+  /// gets it) replaces the causal mask, e.g. to keep documents apart (dataset.reset_attention_mask).
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& position_ids,
-                        const torch::Tensor& labels = {});
+                        const torch::Tensor& labels = {}, const torch::Tensor& attention_mask = {});
 
   /// The previous stage's output, used instead of the embedding by chunks without pre_process.
   void set_input_tensor(const torch::Tensor& input_tensor) { input_tensor_ = input_tensor; }

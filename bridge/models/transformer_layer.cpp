@@ -63,7 +63,7 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
   linear_proj = register_module("linear_proj", tp::RowParallelLinear(proj));
 }
 
-torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask) {
   const int64_t s = hidden_states.size(0);
   const int64_t b = hidden_states.size(1);
   const int64_t local_hidden = local_heads_ * head_dim_;
@@ -81,6 +81,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
     // SDPA draws its dropout mask from the default generator, as torch::dropout does (on CPU it is the same
     // softmax-then-dropout, mask for mask), so the fork below gives it the same per-rank stream.
     auto sdpa = [&](double dropout_p) {
+      if (attention_mask.defined()) {  // SDPA's boolean mask says where a query may look: the complement
+        return at::scaled_dot_product_attention(q, k, v, attention_mask.logical_not(), dropout_p, /*is_causal=*/false);
+      }
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
     };
     if (dropout) {
@@ -93,10 +96,10 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
 #endif
   if (!context.defined()) {
     torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-    if (causal_mask_.size(0) != s || causal_mask_.device() != scores.device()) {
+    if (!attention_mask.defined() && (causal_mask_.size(0) != s || causal_mask_.device() != scores.device())) {
       causal_mask_ = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
     }
-    const torch::Tensor& future = causal_mask_;
+    const torch::Tensor& future = attention_mask.defined() ? attention_mask : causal_mask_;
     torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
     if (dropout) {
       // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
@@ -108,7 +111,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states) {
   return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_hidden}));
 }
 
-MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) {
+MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) : activation_func_(config.activation_func) {
   tp::ColumnParallelLinearOptions fc1(config.hidden_size, config.ffn_size());
   fc1.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   fc1.init_method = init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std);
@@ -120,7 +123,8 @@ MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& hidden_states) {
-  return linear_fc2(torch::gelu(linear_fc1(hidden_states)));
+  const torch::Tensor fc1 = linear_fc1(hidden_states);
+  return linear_fc2(activation_func_ == ActivationFunc::kOpenaiGelu ? torch::gelu(fc1, "tanh") : torch::gelu(fc1));
 }
 
 TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t layer_number)
@@ -135,11 +139,11 @@ TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t laye
   mlp = register_module("mlp", MLP(config, prefix + "mlp."));
 }
 
-torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states) {
+torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask) {
   // Dropout here acts on activations every tensor-parallel rank holds in full: the default stream, identical
   // across the group, keeps the replicas equal.
   const bool dropout = is_training() && hidden_dropout_ > 0.0;
-  torch::Tensor attention = self_attention(input_layernorm(hidden_states));
+  torch::Tensor attention = self_attention(input_layernorm(hidden_states), attention_mask);
   if (dropout) attention = torch::dropout(attention, hidden_dropout_, /*train=*/true);
   torch::Tensor residual = hidden_states + attention;
   torch::Tensor mlp_out = mlp(pre_mlp_layernorm(residual));

@@ -1,8 +1,8 @@
 // One pre-norm GPT transformer layer with its heads split across tensor-parallel ranks (Megatron-Core's
 // TransformerLayer): x + Dropout(Attention(LN(x))), then x + Dropout(MLP(LN(x))). Activations are sequence-first,
 // [s, b, h]. Attention: QKV column-parallel (each rank holds whole heads), causal softmax on the local heads (LibTorch
-// 2.x: scaled_dot_product_attention),
-// projection row-parallel. MLP: fc1 column-parallel, GeLU, fc2 row-parallel.
+// 2.x: scaled_dot_product_attention) or under the batch's attention mask, projection row-parallel. MLP: fc1
+// column-parallel, GeLU (exact or tanh), fc2 row-parallel.
 #pragma once
 
 #include <torch/torch.h>
@@ -21,7 +21,9 @@ parallel::tensor_parallel::InitMethod init_method_for(const GPTConfig& config, c
 class SelfAttentionImpl : public torch::nn::Module {
  public:
   SelfAttentionImpl(const GPTConfig& config, const std::string& prefix);
-  torch::Tensor forward(const torch::Tensor& hidden_states);
+  /// `attention_mask`: bool [b, 1, s, s], true where a query may not see a key (Megatron's sense), or undefined for
+  /// the causal mask.
+  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask = {});
 
   parallel::tensor_parallel::ColumnParallelLinear linear_qkv{nullptr};
   parallel::tensor_parallel::RowParallelLinear linear_proj{nullptr};
@@ -42,6 +44,9 @@ class MLPImpl : public torch::nn::Module {
 
   parallel::tensor_parallel::ColumnParallelLinear linear_fc1{nullptr};
   parallel::tensor_parallel::RowParallelLinear linear_fc2{nullptr};
+
+ private:
+  ActivationFunc activation_func_;
 };
 TORCH_MODULE(MLP);
 
@@ -49,7 +54,7 @@ class TransformerLayerImpl : public torch::nn::Module {
  public:
   /// `layer_number` is the layer's global index (0-based), which names and seeds its weights.
   TransformerLayerImpl(const GPTConfig& config, int64_t layer_number);
-  torch::Tensor forward(const torch::Tensor& hidden_states);
+  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask = {});
 
   int64_t layer_number() const { return layer_number_; }
 

@@ -86,7 +86,7 @@ TEST_F(Cli, AloneTrainsAFewStepsAndEndsWithASummaryOfThem) {
   EXPECT_THAT(result.output, HasSubstr("tp=1 pp=1 dp=1 | 3 steps of 4 x 32 tokens"));
   EXPECT_THAT(result.output, HasSubstr("data: " + (cache_ / "bridge" / "tiny_fables_v1_text_document").string()));
   EXPECT_TRUE(fs::exists(cache_ / "bridge" / "tiny_fables_v1_text_document.idx"));
-  EXPECT_THAT(result.output, HasSubstr("validation loss at the end of training"));
+  EXPECT_THAT(result.output, HasSubstr("validation loss at iteration 3 on validation set"));
 
   // The summary reports the last logged loss, the first one, and the validation loss.
   EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;

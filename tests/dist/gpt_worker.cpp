@@ -23,6 +23,10 @@
 //   gpt_worker caught_failure <failing_rank> <tp> <pp> <step|callback>
 //       the step function (or an on_train_step_end callback) throws on one rank in step 3, which catches the error and
 //       sleeps 10 s; every rank prints how long it took to fail and exits 3.
+//   gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>
+//       pretrain() one step from the Hugging Face GPT-2 in <hf_dir> (checkpoint.pretrained_checkpoint=hf:<hf_dir>),
+//       saving to <out_dir>/ckpt; the last rank writes the model's logits for the token ids of <ids> (a safetensors
+//       file) as loaded (<out_dir>/start.safetensors) and after the step (<out_dir>/end.safetensors).
 //
 // Exit 0 on success; a failed check prints "FAILED ..." and exits 1; an abort exits 3 after printing the error.
 #include <unistd.h>
@@ -36,11 +40,14 @@
 #include <thread>
 
 #include "bridge/bridge.h"
+#include "bridge/hf/gpt2.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "tests/dist/gpt_worker_support.h"
+#include "training/inference.h"
 #include "utils/crc32c.h"
+#include "utils/safetensors.h"
 
 namespace {
 
@@ -333,6 +340,34 @@ int run_caught_failure(int failing_rank, int tp, int pp, const std::string& wher
   return 0;
 }
 
+int run_hf(const std::string& hf_dir, const std::string& ids_path, const std::string& out_dir, int tp, int pp,
+           int vpp) {
+  ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, /*steps=*/1);
+  config.model = hf::gpt2_config(hf_dir);
+  config.model.hidden_dropout = config.model.attention_dropout = 0.0;
+  config.model.make_vocab_size_divisible_by = 64;  // 301 pads to 320 at tp1, 384 at tp2: the padding differs
+  config.checkpoint.pretrained_checkpoint = "hf:" + hf_dir;
+  config.checkpoint.save = out_dir + "/ckpt";
+  const torch::Tensor ids = bridge::utils::read_safetensors(ids_path).tensors.at("ids");
+  const auto write_logits = [ids, out_dir](const std::string& name) {
+    return [ids, out_dir, name](CallbackContext& ctx) {
+      std::vector<models::GPTModelImpl*> chunks;
+      for (std::size_t i = 0; i < ctx.model.size(); ++i) chunks.push_back(&ctx.gpt(i));
+      for (models::GPTModelImpl* chunk : chunks) chunk->eval();
+      const torch::Tensor logits = forward_logits(chunks, ids, torch::kFloat);
+      for (models::GPTModelImpl* chunk : chunks) chunk->train();
+      // Every tensor-parallel rank of the last stage has them: the last rank writes.
+      if (logits.defined() && parallel::get_rank() == parallel::get_world_size() - 1)
+        bridge::utils::write_safetensors(out_dir + "/" + name + ".safetensors", {{"logits", logits}});
+    };
+  };
+  auto callbacks = std::make_shared<CallbackManager>();
+  callbacks->register_callback(Event::kTrainStart, write_logits("start"));
+  callbacks->register_callback(Event::kTrainEnd, write_logits("end"));
+  pretrain(config, gpt_forward_step, callbacks);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   return bridge::testing::worker_main(
       argc, argv,
@@ -343,7 +378,8 @@ int main(int argc, char** argv) {
       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n"
       "       gpt_worker builtins <out_dir>\n"
       "       gpt_worker endpoint <out_dir>\n"
-      "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0>\n",
+      "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0>\n"
+      "       gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>\n",
       [&](const std::string& scenario) {
         if (scenario == "parity" && (argc == 7 || argc == 8)) {
           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
@@ -362,6 +398,9 @@ int main(int argc, char** argv) {
         if (scenario == "endpoint" && argc == 3) return run_endpoint(argv[2]);
         if (scenario == "generate" && argc == 6) {
           return run_generate(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+        }
+        if (scenario == "hf" && argc == 8) {
+          return run_hf(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]));
         }
         if (scenario == "control" && argc == 6) {
           return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);

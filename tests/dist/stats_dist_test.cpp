@@ -86,7 +86,7 @@ void expect_layout_matches_reference(const std::string& name, int world, int tp,
     for (const auto& [key, value] : expected) {
       const bool layout_independent = key == "lm loss" || key == "grad-norm" || key == "params-norm" ||
                                       key == "learning-rate" || key == "samples vs steps" || key == "batch-size" ||
-                                      key.rfind("l2_norm/grad/", 0) == 0;
+                                      key.rfind("l2_norm/grad/", 0) == 0 || key.rfind("lm loss ", 0) == 0;
       if (!layout_independent) continue;
       ASSERT_EQ(actual.count(key), 1U) << name << " step " << step << " lacks " << key;
       const double difference = relative(actual.at(key), value);
@@ -98,8 +98,10 @@ void expect_layout_matches_reference(const std::string& name, int world, int tp,
                                   << value;
       ++compared;
     }
-    // 4 layers x 12 + embeddings 2 + final norm 2 per-parameter norms, the global one, and the 6 scalars.
-    EXPECT_EQ(compared, 4 * 12 + 4 + 1 + 6) << name << " step " << step;
+    // 4 layers x 12 + embeddings 2 + final norm 2 per-parameter norms, the global one, and the 6 scalars; the
+    // validation loss and ppl at step 2, and at step 3 (after training) the test's too.
+    const int evaluated = step == 2 ? 2 : step == 3 ? 4 : 0;
+    EXPECT_EQ(compared, 4 * 12 + 4 + 1 + 6 + evaluated) << name << " step " << step;
     EXPECT_EQ(actual.at("world-size"), world);
     EXPECT_GT(actual.at("memory/mem-resident-gigabytes"), 0.0);
     EXPECT_GE(actual.at("memory/mem-max-resident-gigabytes"), actual.at("memory/mem-resident-gigabytes"));
@@ -135,6 +137,11 @@ void expect_layout_matches_reference(const std::string& name, int world, int tp,
   EXPECT_THAT(last, HasSubstr(" | global batch size:     4 | lm loss: "));
   EXPECT_THAT(last, HasSubstr(" | loss scale: 1.0 | grad norm: "));
   EXPECT_THAT(last, HasSubstr(" | number of skipped iterations:   0 | number of nan iterations:   0 |"));
+  // Megatron's evaluation blocks: during training, then after it on the validation and the test set.
+  EXPECT_THAT(last, HasSubstr(" validation loss at iteration 2 | lm loss value: "));
+  EXPECT_THAT(last, HasSubstr(" validation loss at iteration 3 on validation set | lm loss value: "));
+  EXPECT_THAT(last, HasSubstr(" validation loss at iteration 3 on test set | lm loss value: "));
+  EXPECT_THAT(last, HasSubstr("[info] ----------"));
   if (world > 1) {
     EXPECT_THAT(results.front().output, ::testing::Not(HasSubstr("] iteration "))) << "rank 0 printed";
   }
@@ -175,8 +182,28 @@ TEST(StatsTensorBoard, TheRealReaderReadsWhatTheJsonlHas) {
   std::size_t written = 0;
   for (const auto& step : jsonl) written += step.second.size();
   EXPECT_EQ(static_cast<std::size_t>(matched), written) << "every JSONL metric is in the event file";
-  EXPECT_EQ(vs_samples, 3 * 7) << "lm loss, learning-rate, batch-size, loss-scale, world-size, grad-norm, "
-                                  "params-norm: 'vs samples' at 3 steps";
+  EXPECT_EQ(vs_samples, 3 * 7 + 2 * 2 + 2) << "lm loss, learning-rate, batch-size, loss-scale, world-size, "
+                                              "grad-norm, params-norm at 3 steps; lm loss validation and its ppl at "
+                                              "2; lm loss test and its ppl at 1";
+
+  // Megatron-Bridge's names and units, and the evaluations' losses with their perplexity.
+  const auto& last = jsonl.rbegin()->second;
+  EXPECT_EQ(jsonl.rbegin()->first, 3);
+  for (const char* tag : {"lm loss validation", "lm loss test"}) {
+    ASSERT_EQ(last.count(tag), 1U) << tag;
+    EXPECT_NEAR(last.at(std::string(tag) + " ppl"), std::exp(last.at(tag)), 1e-9 * std::exp(last.at(tag))) << tag;
+    EXPECT_GT(last.at(tag), 4.0) << tag << ": about ln(128) from random weights";
+  }
+  EXPECT_EQ(jsonl.at(2).count("lm loss validation"), 1U) << "the evaluation at eval_interval";
+  EXPECT_EQ(jsonl.at(1).count("lm loss validation"), 0U);
+  for (const auto& [step, metrics] : jsonl) {
+    EXPECT_GT(metrics.at("iteration-time"), 0.0) << "step " << step;
+    EXPECT_LT(metrics.at("iteration-time"), 60.0) << "seconds, not milliseconds";
+    EXPECT_GT(metrics.at("throughput/tflops/device"), 0.0);
+    EXPECT_DOUBLE_EQ(metrics.at("throughput/tflops"), metrics.at("throughput/tflops/device")) << "one rank";
+    EXPECT_EQ(metrics.count("iteration-time-ms") + metrics.count("throughput"), 0U) << "the old names";
+  }
+
   fs::remove_all(directory);
 }
 

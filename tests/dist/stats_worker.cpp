@@ -1,9 +1,10 @@
 // One rank of the statistics tests (stats_dist_test). Launched with the variables torchrun would set.
 //
 //   stats_worker stats <out_dir> <tp> <pp> <vpp|0>
-//       pretrain() a tiny GPT for 3 steps with every statistic on, the JSON Lines and TensorBoard writers in
-//       <out_dir>, and the standalone train_utils collectives called from a callback on every rank after each step;
-//       the last rank writes what those returned to <out_dir>/standalone.txt ("<step> <name> <value>" lines).
+//       pretrain() a tiny GPT for 3 steps with every statistic on and an evaluation at step 2, the JSON Lines and
+//       TensorBoard writers in <out_dir>, and the standalone train_utils collectives called from a callback on every
+//       rank after each step; the last rank writes what those returned to <out_dir>/standalone.txt ("<step> <name>
+//       <value>" lines).
 //   stats_worker count <log_interval> <with_on_log 0|1>
 //       pretrain() 7 steps and check, from ProcessGroup::operation_count(), the collectives each step issues on the
 //       world group (one per step, log steps included; one more when some rank listens to on_log; two once for the
@@ -42,11 +43,15 @@ void enable_every_statistic(ConfigContainer& config) {
   config.logging.throughput_window_size = 2;
   config.logging.log_runtime_to_tensorboard = true;
   config.logging.log_world_size_to_tensorboard = true;
+  config.logging.log_timers_to_tensorboard = true;
+  config.logging.log_validation_ppl_to_tensorboard = true;
 }
 
 int run_stats(const std::string& out_dir, int tp, int pp, int vpp) {
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, 3);
   enable_every_statistic(config);
+  config.train.eval_interval = 2;  // validation at step 2, then validation and test after step 3
+  config.train.eval_iters = 1;
   config.logging.jsonl_path = out_dir + "/metrics.jsonl";
   config.logging.tensorboard_dir = out_dir + "/tensorboard";
 

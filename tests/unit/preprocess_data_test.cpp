@@ -1,5 +1,7 @@
 // preprocess_data and bridge-preprocess-data: JSON lines and text paragraphs in, .bin/.idx out, read back with the
-// indexed dataset reader; bad input fails with the file and line and leaves no files; bad flags exit with status 2.
+// indexed dataset reader; Megatron's flags (space-separated --json-keys, --workers and --partitions, which leave the
+// output byte-identical or deal it as Megatron's do, --split-sentences, --keep-newlines); bad input fails with the
+// file and line and leaves no files; bad flags exit with status 2.
 // Most cases run in process; the program itself runs a few times (each start loads LibTorch, about a second).
 #include "training/datasets/preprocess_data.h"
 
@@ -7,11 +9,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "tests/unit/datasets_test_support.h"
 #include "training/datasets/indexed_dataset.h"
+#include "training/datasets/sentence_splitter.h"
 #include "training/datasets/tokenizer.h"
 
 namespace bridge::training::datasets {
@@ -139,6 +143,95 @@ TEST(PreprocessDataTest, ProgramReportsBadInputWithStatus1) {
   EXPECT_FALSE(testing::fs::exists(dir / "out_text_document.idx"));
 }
 
+TEST(SentenceSplitterTest, SplitsAfterSentenceEndsNotAbbreviations) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split_sentences("Hi there. Dr. Who is here!\n\nBye.", false), (V{"Hi there.", "Dr. Who is here!", "Bye."}));
+  EXPECT_EQ(split_sentences("Hi there. Dr. Who is here!\n\nBye.", true),
+            (V{"Hi there. ", "Dr. Who is here!\n\n", "Bye."}));
+  EXPECT_EQ(split_sentences("J. R. R. Tolkien wrote. \"Yes?\" she asked... Then 3.5 e.g. this.", false),
+            (V{"J. R. R. Tolkien wrote.", "\"Yes?\" she asked...", "Then 3.5 e.g. this."}));
+  EXPECT_EQ(split_sentences("no end here", false), (V{"no end here"}));
+  EXPECT_EQ(split_sentences("Wait... what? ok.  ", false), (V{"Wait... what? ok."}));  // lowercase goes on
+  EXPECT_EQ(split_sentences("  ", false), V{});
+}
+
+// 600 JSON lines (over two batches of four workers) of a few sentences each, with a second key.
+std::string corpus(int documents) {
+  std::string text;
+  for (int i = 0; i < documents; ++i) {
+    text += "{\"text\": \"Doc " + std::to_string(i) + " starts. It has " + std::to_string(i % 7) +
+            " parts!\\nAnd ends.\", \"title\": \"T" + std::to_string(i) + "\"}\n";
+  }
+  return text;
+}
+
+std::string output_of(const ScratchDir& dir, const std::string& prefix) {
+  return read_bytes(dir / (prefix + ".bin")) + "|" + read_bytes(dir / (prefix + ".idx"));
+}
+
+TEST(PreprocessDataTest, WorkersAndSequentialPartitionsWriteWhatOneWorkerWrites) {
+  ScratchDir dir;
+  write_bytes(dir / "corpus.jsonl", corpus(600));
+  const std::string base = "--input '" + dir / "corpus.jsonl" + "' --json-keys text title --append-eod ";
+  ASSERT_EQ(preprocess(dir, base + "--output-prefix '" + dir / "one" + "'").status, 0);
+  ASSERT_EQ(preprocess(dir, base + "--workers 4 --output-prefix '" + dir / "four" + "'").status, 0);
+  ASSERT_EQ(preprocess(dir, base + "--workers 4 --partitions 2 --keep-sequential-samples --output-prefix '" +
+                                dir / "seq" + "'")
+                .status,
+            0);
+  for (const std::string key : {"text", "title"}) {
+    const std::string one = output_of(dir, "one_" + key + "_document");
+    ASSERT_GT(one.size(), 600u);
+    EXPECT_EQ(output_of(dir, "four_" + key + "_document"), one) << key;
+    EXPECT_EQ(output_of(dir, "seq_" + key + "_document"), one) << key;
+  }
+  EXPECT_EQ(IndexedDataset(dir / "one_title_document").get(599), with_eod(bytes_of("T599")));
+}
+
+TEST(PreprocessDataTest, PartitionsDealDocumentsRoundRobinAsMegatron) {
+  ScratchDir dir;
+  write_bytes(dir / "corpus.jsonl", corpus(10));
+  // Megatron's three partitions take lines 0,3,6,9 / 1,4,7 / 2,5,8 and are merged in that order.
+  std::string dealt;
+  std::vector<std::string> lines;
+  std::istringstream in(corpus(10));
+  for (std::string line; std::getline(in, line);) lines.push_back(line + "\n");
+  for (int partition = 0; partition < 3; ++partition) {
+    for (std::size_t i = partition; i < lines.size(); i += 3) dealt += lines[i];
+  }
+  write_bytes(dir / "dealt.jsonl", dealt);
+  ASSERT_EQ(preprocess(dir, "--input '" + dir / "corpus.jsonl" + "' --workers 3 --partitions 3 --output-prefix '" +
+                                dir / "parts" + "'")
+                .status,
+            0);
+  ASSERT_EQ(preprocess(dir, "--input '" + dir / "dealt.jsonl" + "' --output-prefix '" + dir / "dealt" + "'").status, 0);
+  EXPECT_EQ(output_of(dir, "parts_text_document"), output_of(dir, "dealt_text_document"));
+  const ToolRun uneven = preprocess(dir, "--input '" + dir / "corpus.jsonl" + "' --workers 4 --partitions 3 " +
+                                             "--output-prefix '" + dir / "x" + "'");
+  EXPECT_EQ(uneven.status, 2);
+  EXPECT_THAT(uneven.err, HasSubstr("--workers (4) must be a multiple of --partitions (3)"));
+}
+
+TEST(PreprocessDataTest, SplitSentencesWritesOneSequencePerSentence) {
+  ScratchDir dir;
+  write_bytes(dir / "corpus.jsonl", "{\"text\": \"One. Two!\\n\\nThree\"}\n{\"text\": [\"Ab cd. Ef gh.\", \"E.\"]}\n");
+  const std::string io = "--input '" + dir / "corpus.jsonl" + "' --split-sentences --append-eod --output-prefix '";
+  ASSERT_EQ(preprocess(dir, io + dir / "s" + "'").status, 0);
+  IndexedDataset sentences(dir / "s_text_sentence");
+  EXPECT_EQ(sentences.document_indices(), (std::vector<int64_t>{0, 3, 6}));
+  EXPECT_EQ(sentences.get(0), bytes_of("One."));
+  EXPECT_EQ(sentences.get(1), bytes_of("Two!"));
+  EXPECT_EQ(sentences.get(2), with_eod(bytes_of("Three")));
+  EXPECT_EQ(sentences.get(4), bytes_of("Ef gh."));
+  EXPECT_EQ(sentences.get(5), with_eod(bytes_of("E.")));
+  ASSERT_EQ(preprocess(dir, io + dir / "k" + "' --keep-newlines").status, 0);
+  EXPECT_EQ(IndexedDataset(dir / "k_text_sentence").get(1), bytes_of("Two!\n\n"));
+  const ToolRun alone =
+      preprocess(dir, "--input '" + dir / "corpus.jsonl" + "' --keep-newlines --output-prefix '" + dir / "n" + "'");
+  EXPECT_EQ(alone.status, 2);
+  EXPECT_THAT(alone.err, HasSubstr("--keep-newlines applies with --split-sentences only"));
+}
+
 TEST(PreprocessDataTest, BadFlagsExitWithStatus2) {
   ScratchDir dir;
   write_bytes(dir / "c.jsonl", "{\"text\": \"a\"}\n");
@@ -154,7 +247,8 @@ TEST(PreprocessDataTest, BadFlagsExitWithStatus2) {
   const ToolRun help = preprocess(dir, "--help");
   EXPECT_EQ(help.status, 0);
   for (const std::string flag : {"--input", "--input-format", "--output-prefix", "--json-keys", "--tokenizer-type",
-                                 "--vocab-file", "--merge-file", "--append-eod", "--log-interval", "--workers"}) {
+                                 "--vocab-file", "--merge-file", "--append-eod", "--log-interval", "--workers",
+                                 "--partitions", "--split-sentences", "--keep-newlines", "--keep-sequential-samples"}) {
     EXPECT_THAT(read_bytes(dir / "stdout.txt"), HasSubstr(flag));
   }
 }

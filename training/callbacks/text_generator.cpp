@@ -13,15 +13,13 @@
 #include "bridge/models/gpt_model.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
-#include "parallel/pipeline_parallel/schedules.h"
-#include "parallel/tensor_parallel/mappings.h"
 #include "training/config.h"
+#include "training/inference.h"
 #include "training/mixed_precision.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
 inline namespace callbacks {
-namespace pp = parallel::pipeline_parallel;
 namespace {
 
 // Puts the chunks in eval mode (no dropout) for the guard's life, then back as they were.
@@ -139,8 +137,6 @@ std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t
                                                       : first.parameters().front().scalar_type();
   const bool distributed = parallel::is_distributed_initialized();
   const int pipeline_size = distributed ? parallel::get_pipeline_model_parallel_world_size() : 1;
-  const bool virtual_pipeline =
-      distributed && parallel::get_virtual_pipeline_model_parallel_world_size().value_or(1) > 1;
 
   // Each row: the prompt's last tokens (room left for the new ones), then what is generated.
   std::vector<std::vector<int64_t>> rows;
@@ -152,25 +148,11 @@ std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t
     prompt_lengths.push_back(keep);
   }
   std::vector<bool> done(rows.size(), false);
-  const torch::Tensor positions = torch::arange(seq_length, torch::dtype(torch::kInt64).device(device))
-                                      .unsqueeze(0)
-                                      .expand({batch, seq_length})
-                                      .contiguous();
   at::Generator generator =
       at::detail::createCPUGenerator(static_cast<uint64_t>(options_.seed) * 1000003ULL + static_cast<uint64_t>(step));
 
-  pp::ForwardBackwardOptions schedule;
-  for (std::size_t chunk = 0; chunk < ctx.model.size(); ++chunk) {
-    schedule.set_input_tensor.emplace_back(
-        [module = &ctx.gpt(chunk)](const torch::Tensor& input) { module->set_input_tensor(input); });
-  }
-  // The interleaved schedule needs at least pp micro-batches: run the same batch pp times, read the first.
-  schedule.num_microbatches = virtual_pipeline ? pipeline_size : 1;
-  if (virtual_pipeline) schedule.microbatch_group_size_per_vp_stage = pipeline_size;
-  schedule.tensor_shape = {seq_length, batch, config.hidden_size};
-  schedule.dtype = dtype;
-  schedule.device = device;
-  schedule.forward_only = true;
+  std::vector<models::GPTModelImpl*> chunks;
+  for (std::size_t chunk = 0; chunk < ctx.model.size(); ++chunk) chunks.push_back(&ctx.gpt(chunk));
 
   EvalModeGuard eval_mode(ctx.model);
   // Ids the tokenizer can decode and the model can read back: padding past either is never picked.
@@ -186,26 +168,10 @@ std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t
       tokens[b].slice(0, 0, static_cast<int64_t>(row.size())).copy_(torch::tensor(row, torch::kInt64));
       last_index.push_back(static_cast<int64_t>(row.size()) - 1);
     }
-    tokens = tokens.to(device);
-    const torch::Tensor rows_index = torch::arange(batch, torch::dtype(torch::kInt64).device(device));
-    const torch::Tensor last = torch::tensor(last_index, torch::kInt64).to(device);
-
-    torch::Tensor last_logits;  // [b, vocab / tp] on the last stage
-    schedule.forward_step_func = [&](int64_t microbatch, int64_t chunk) {
-      torch::Tensor output = ctx.gpt(static_cast<std::size_t>(chunk)).forward(tokens, positions);
-      pp::LossFunc loss = [&, microbatch](const torch::Tensor& logits) {
-        if (microbatch == 0) last_logits = logits.index({rows_index, last});
-        return pp::LossOutput{torch::zeros({}, logits.options().dtype(torch::kFloat)), {}, {}};
-      };
-      return std::pair{output, loss};
-    };
-    pp::get_forward_backward_func()(schedule);
-
+    // Each row's logits at its last token, [b, padded vocab] on the last stage.
+    torch::Tensor logits = forward_logits(chunks, tokens, dtype, torch::tensor(last_index, torch::kInt64));
     torch::Tensor next = torch::zeros({batch}, torch::dtype(torch::kInt64).device(device));
-    if (last_logits.defined()) {
-      torch::Tensor logits =
-          distributed ? parallel::tensor_parallel::gather_from_tensor_model_parallel_region(last_logits) : last_logits;
-      logits = logits.to(torch::kCPU, torch::kFloat);
+    if (logits.defined()) {
       if (logits.size(-1) > vocab) logits.slice(-1, vocab).fill_(-std::numeric_limits<float>::infinity());
       next = pick_tokens(logits, options_, generator).to(device);
     }

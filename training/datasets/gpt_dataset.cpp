@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "training/config.h"
+#include "training/datasets/blended_dataset.h"
 #include "training/datasets/md5.h"
 #include "training/datasets/npy.h"
 #include "training/datasets/numpy_random_state.h"
@@ -442,51 +443,53 @@ std::array<int64_t, 3> train_valid_test_num_samples(const ConfigContainer& confi
           t.eval_iters * t.global_batch_size};
 }
 
-training::GPTDatasets build_gpt_datasets(const ConfigContainer& config) {
-  const std::vector<std::string>& paths = config.dataset.data_path;
-  // Megatron's --data-path is "prefix" or "weight prefix weight prefix ..."; one dataset, weighted or not, is
-  // supported.
-  std::string prefix;
-  const auto is_number = [](const std::string& text) {
-    char* end = nullptr;
-    std::strtod(text.c_str(), &end);
-    return !text.empty() && end == text.c_str() + text.size();
-  };
-  if (paths.size() == 1) {
-    prefix = paths[0];
-  } else if (paths.size() == 2 && is_number(paths[0])) {
-    prefix = paths[1];
-  } else {
-    throw std::invalid_argument(
-        "dataset.data_path names " + std::to_string(paths.size()) +
-        " entries, but bridge reads one indexed dataset (a .bin/.idx prefix, optionally after a weight); blending "
-        "several is not supported: merge them into one dataset (preprocess all the text together)");
-  }
+namespace {
+
+// One dataset of data_path.
+std::shared_ptr<const IndexedDataset> open_indexed(std::string prefix) {
   if (prefix.size() > 4 && (prefix.substr(prefix.size() - 4) == ".bin" || prefix.substr(prefix.size() - 4) == ".idx")) {
     prefix.resize(prefix.size() - 4);  // a file name instead of the prefix is an easy slip
   }
-  auto indexed = std::make_shared<const IndexedDataset>(prefix);
-  const bool validate =
-      config.dataset.validate_tokens.value_or(indexed->num_bytes() <= DatasetConfig::kValidateTokensAutoBytes);
-  if (validate && config.model.vocab_size > 0) {
-    const auto start = std::chrono::steady_clock::now();
-    if (const std::optional<TokenLocation> bad = indexed->find_token_outside(config.model.vocab_size)) {
-      throw std::invalid_argument(
-          "dataset.data_path: " + prefix + " holds token id " +
-          (bad->value == kNotAToken ? "NaN or past int64 (a float token)" : std::to_string(bad->value)) +
-          " (document " + std::to_string(bad->document) + ", sequence " + std::to_string(bad->sequence) + ", token " +
-          std::to_string(bad->position) +
-          "), which is not in [0, model.vocab_size = " + std::to_string(config.model.vocab_size) +
-          "); set model.vocab_size to the tokenizer's vocabulary size, or preprocess the data with the model's "
-          "tokenizer (dataset.validate_tokens=false skips this check)");
-    }
-    bridge::utils::logger().info("checked the {} tokens of {}: every id is below model.vocab_size, {:.3f} s",
-                                 tokens_in(*indexed, {0, indexed->size()}), prefix,
-                                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  const std::array<SequenceRange, 3> ranges = split_ranges(parse_split(config.dataset.split), indexed->size());
-  const std::array<int64_t, 3> num_samples = train_valid_test_num_samples(config);
+  return std::make_shared<const IndexedDataset>(prefix);
+}
 
+// Every token id of `indexed` is below model.vocab_size, or an error naming the first that is not.
+void check_tokens(const IndexedDataset& indexed, const ConfigContainer& config) {
+  if (config.model.vocab_size <= 0) return;
+  const std::string& prefix = indexed.path_prefix();
+  const auto start = std::chrono::steady_clock::now();
+  if (const std::optional<TokenLocation> bad = indexed.find_token_outside(config.model.vocab_size)) {
+    throw std::invalid_argument(
+        "dataset.data_path: " + prefix + " holds token id " +
+        (bad->value == kNotAToken ? "NaN or past int64 (a float token)" : std::to_string(bad->value)) + " (document " +
+        std::to_string(bad->document) + ", sequence " + std::to_string(bad->sequence) + ", token " +
+        std::to_string(bad->position) +
+        "), which is not in [0, model.vocab_size = " + std::to_string(config.model.vocab_size) +
+        "); set model.vocab_size to the tokenizer's vocabulary size, or preprocess the data with the model's "
+        "tokenizer (dataset.validate_tokens=false skips this check)");
+  }
+  bridge::utils::logger().info("checked the {} tokens of {}: every id is below model.vocab_size, {:.3f} s",
+                               tokens_in(indexed, {0, indexed.size()}), prefix,
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+}  // namespace
+
+training::GPTDatasets build_gpt_datasets(const ConfigContainer& config) {
+  // Megatron's --data-path: "prefix ...", or "weight prefix weight prefix ..." for a blend.
+  const Blend blend = parse_blend(config.dataset.data_path);
+  std::vector<std::shared_ptr<const IndexedDataset>> indexed;
+  uint64_t bytes = 0;
+  for (const std::string& prefix : blend.prefixes) {
+    indexed.push_back(open_indexed(prefix));
+    bytes += indexed.back()->num_bytes();
+  }
+  if (config.dataset.validate_tokens.value_or(bytes <= DatasetConfig::kValidateTokensAutoBytes)) {
+    for (const auto& dataset : indexed) check_tokens(*dataset, config);
+  }
+
+  const std::vector<double> proportions = parse_split(config.dataset.split);
+  const std::array<int64_t, 3> num_samples = train_valid_test_num_samples(config);
   GPTDatasetConfig dataset_config;
   dataset_config.seq_length = config.model.seq_length;
   dataset_config.random_seed = config.rng.seed;
@@ -494,20 +497,42 @@ training::GPTDatasets build_gpt_datasets(const ConfigContainer& config) {
   dataset_config.vocab_size = config.model.vocab_size;
   dataset_config.split = config.dataset.split;
 
+  // Megatron's sizes: each dataset of a weighted blend is built for its share of the split's samples and a surplus,
+  // the blend takes the sum of the shares; an unweighted blend uses one epoch of each.
+  const bool weighted = !blend.weights.empty();
+  const std::vector<double> weights = weighted ? normalize_weights(blend.weights) : std::vector<double>();
+  const double surplus = config.dataset.mid_level_dataset_surplus;
   std::array<std::shared_ptr<const training::GPTDataset>, 3> built;
   for (std::size_t i = 0; i < 3; ++i) {
     const auto split = static_cast<Split>(i);
-    const double proportion = parse_split(config.dataset.split)[i];
-    if (num_samples[i] == 0 || proportion == 0.0) continue;
-    if (ranges[i].size() == 0) {
-      throw std::invalid_argument("dataset.split \"" + config.dataset.split + "\" gives the " + split_name(split) +
-                                  " split none of the " + std::to_string(indexed->size()) + " sequences of " + prefix +
-                                  ", but " + std::to_string(num_samples[i]) +
-                                  " samples are needed from it; give it a larger share, more documents, or set its "
-                                  "proportion to 0 (no " +
-                                  split_name(split) + " data)");
+    if (num_samples[i] == 0 || proportions[i] == 0.0) continue;
+    std::vector<std::shared_ptr<const training::GPTDataset>> parts;
+    int64_t blend_size = 0;
+    for (std::size_t d = 0; d < indexed.size(); ++d) {
+      const SequenceRange range = split_ranges(proportions, indexed[d]->size())[i];
+      if (range.size() == 0) {
+        throw std::invalid_argument("dataset.split \"" + config.dataset.split + "\" gives the " + split_name(split) +
+                                    " split none of the " + std::to_string(indexed[d]->size()) + " sequences of " +
+                                    indexed[d]->path_prefix() + ", but " + std::to_string(num_samples[i]) +
+                                    " samples are needed from it; give it a larger share, more documents, or set its "
+                                    "proportion to 0 (no " +
+                                    split_name(split) + " data)");
+      }
+      int64_t wanted = indexed.size() == 1 && !weighted ? num_samples[i] : 0;  // 0: one epoch
+      if (weighted) {
+        const double share = std::ceil(static_cast<double>(num_samples[i]) * weights[d]);
+        blend_size += static_cast<int64_t>(share);
+        wanted = static_cast<int64_t>(std::ceil(share * (1.0 + surplus)));
+      }
+      parts.push_back(std::make_shared<IndexedGPTDataset>(indexed[d], split, range, wanted, dataset_config));
     }
-    built[i] = std::make_shared<IndexedGPTDataset>(indexed, split, ranges[i], num_samples[i], dataset_config);
+    if (indexed.size() == 1 && !weighted) {
+      built[i] = parts.front();  // Megatron's one unweighted prefix: no blend
+    } else if (weighted) {
+      built[i] = std::make_shared<BlendedDataset>(std::move(parts), weights, blend_size);
+    } else {
+      built[i] = std::make_shared<BlendedDataset>(std::move(parts), num_samples[i]);
+    }
   }
   return {built[0], built[1], built[2]};
 }

@@ -79,6 +79,8 @@ class IndexedGPTDataset : public training::GPTDataset {
   /// Sample `index` in [0, size()): seq_length + 1 int64 tokens.
   torch::Tensor sample(int64_t index) const override;
 
+  /// The samples asked for (0: one epoch).
+  int64_t num_samples() const { return num_samples_; }
   int64_t num_epochs() const { return num_epochs_; }
   const std::vector<int64_t>& document_index() const { return document_index_; }
   /// Row-major [size() + 1, 2].
@@ -112,11 +114,12 @@ class IndexedGPTDataset : public training::GPTDataset {
 /// (one evaluation when eval_interval is 0); eval_iters x gbs.
 std::array<int64_t, 3> train_valid_test_num_samples(const ConfigContainer& config);
 
-/// The datasets pretrain() uses when dataset.data_path is set: one indexed dataset (Megatron's data_path, optionally
-/// "1.0 <prefix>"), split by dataset.split, sampled with rng.seed and model.seq_length, indices cached in
+/// The datasets pretrain() uses when dataset.data_path is set, as megatron-core's BlendedMegatronDatasetBuilder
+/// builds them: one indexed dataset, or a blend (BlendedDataset) of several, weighted ("0.3 a 0.7 b", also "1.0 a")
+/// or not ("a b"); each split by dataset.split, sampled with rng.seed and model.seq_length, indices cached in
 /// dataset.path_to_cache. A split with no samples requested (eval_iters 0) or a zero proportion is null. Throws
-/// std::invalid_argument naming the config field for several prefixes (blending is not supported), an empty split
-/// that samples were requested from, or a seed NumPy cannot take.
+/// std::invalid_argument naming the config field for a bad weight, an empty split that samples were requested from,
+/// or a seed NumPy cannot take.
 training::GPTDatasets build_gpt_datasets(const ConfigContainer& config);
 
 }  // namespace bridge::training::datasets

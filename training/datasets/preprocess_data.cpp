@@ -1,15 +1,18 @@
-// JSON lines and text paragraphs -> indexed datasets.
+// JSON lines and text paragraphs -> indexed datasets, tokenized on worker threads and written in input order.
 #include "training/datasets/preprocess_data.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 
 #include "training/datasets/indexed_dataset.h"
+#include "training/datasets/sentence_splitter.h"
 #include "training/datasets/tokenizer.h"
 #include "utils/strings.h"
 
@@ -38,26 +41,63 @@ EncodedDocument encode_pieces(const Tokenizer& tokenizer, const std::vector<std:
   return document;
 }
 
+// One document as read: each key's pieces of text, and the input line it starts on.
+struct RawDocument {
+  int64_t line = 0;
+  std::vector<std::vector<std::string>> pieces;  // per key
+};
+
+// Documents are tokenized this many per worker at a time, then written in input order.
+constexpr std::size_t kDocumentsPerWorker = 64;
+
 class Preprocessor {
  public:
   explicit Preprocessor(const PreprocessConfig& config) : config_(config) {
     if (config_.input_format == InputFormat::kText) config_.json_keys = {"text"};
     if (config_.json_keys.empty()) throw std::invalid_argument("preprocess_data: json_keys names no field");
+    if (config_.workers < 1) throw std::invalid_argument("preprocess_data: workers must be >= 1");
+    if (config_.partitions < 1) throw std::invalid_argument("preprocess_data: partitions must be >= 1");
+    if (config_.workers % config_.partitions != 0) {
+      throw std::invalid_argument("--workers (" + std::to_string(config_.workers) +
+                                  ") must be a multiple of --partitions (" + std::to_string(config_.partitions) +
+                                  "), as Megatron's preprocess_data.py requires");
+    }
+    if (config_.keep_newlines && !config_.split_sentences) {
+      throw std::invalid_argument("--keep-newlines applies with --split-sentences only");
+    }
     tokenizer_ = build_tokenizer(config_.tokenizer_type, config_.vocab_file, config_.merge_file);
     const DType dtype = optimal_dtype(tokenizer_->vocab_size());
+    const std::string level = config_.split_sentences ? "_sentence" : "_document";
     for (const std::string& key : config_.json_keys) {
-      outputs_.push_back({config_.output_prefix + "_" + key + "_document", 0, 0});
+      outputs_.push_back({config_.output_prefix + "_" + key + level, 0, 0});
       builders_.push_back(std::make_unique<IndexedDatasetBuilder>(outputs_.back().path_prefix, dtype));
     }
   }
 
   std::vector<PreprocessedDataset> run() {
-    std::ifstream in(config_.input, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot open the input " + config_.input);
-    if (config_.input_format == InputFormat::kJsonLines) {
-      json_lines(in);
-    } else {
-      text_paragraphs(in);
+    // Megatron deals the documents round-robin to its partitions and merges their outputs in partition order: one
+    // pass per partition writes the same sequence of documents. Contiguous partitions merge back to the input order.
+    const int passes = config_.keep_sequential_samples ? 1 : config_.partitions;
+    for (int pass = 0; pass < passes; ++pass) {
+      std::ifstream in(config_.input, std::ios::binary);
+      if (!in) throw std::runtime_error("cannot open the input " + config_.input);
+      int64_t ordinal = 0;
+      const auto take = [&](RawDocument&& document) {
+        if (ordinal++ % passes != pass) return;
+        batch_.push_back(std::move(document));
+        if (batch_.size() >= kDocumentsPerWorker * static_cast<std::size_t>(config_.workers)) flush();
+      };
+      try {
+        if (config_.input_format == InputFormat::kJsonLines) {
+          json_lines(in, take);
+        } else {
+          text_paragraphs(in, take);
+        }
+      } catch (...) {
+        flush();  // a bad document read before this one is the first error
+        throw;
+      }
+      flush();
     }
     for (std::size_t k = 0; k < builders_.size(); ++k) {
       builders_[k]->finalize();
@@ -67,11 +107,13 @@ class Preprocessor {
   }
 
  private:
+  using Take = std::function<void(RawDocument&&)>;
+
   std::runtime_error error(int64_t line, const std::string& what) const {
     return std::runtime_error(config_.input + ":" + std::to_string(line) + ": " + what);
   }
 
-  void json_lines(std::istream& in) {
+  void json_lines(std::istream& in, const Take& take) const {
     std::string line;
     int64_t number = 0;
     while (std::getline(in, line)) {
@@ -85,8 +127,8 @@ class Preprocessor {
                                 " (JSON lines input wants one object per line; plain text is --input-format text)");
       }
       if (!object.is_object()) throw error(number, "the line is JSON but not an object");
-      for (std::size_t k = 0; k < config_.json_keys.size(); ++k) {
-        const std::string& key = config_.json_keys[k];
+      RawDocument document{number, {}};
+      for (const std::string& key : config_.json_keys) {
         const auto field = object.find(key);
         if (field == object.end()) {
           std::vector<std::string> present;
@@ -94,34 +136,31 @@ class Preprocessor {
           throw error(number, "no field \"" + key + "\" (the line has: " + bridge::utils::join(present, ", ") +
                                   "); choose the fields with --json-keys");
         }
-        std::vector<std::string> pieces;
         if (field->is_string()) {
-          pieces.push_back(field->get<std::string>());
+          document.pieces.push_back({field->get<std::string>()});
         } else if (field->is_array() &&
                    std::all_of(field->begin(), field->end(), [](const auto& v) { return v.is_string(); })) {
-          pieces = field->get<std::vector<std::string>>();
+          document.pieces.push_back(field->get<std::vector<std::string>>());
         } else {
           throw error(number, "field \"" + key + "\" must be a string or a list of strings, got " + field->type_name());
         }
-        add(k, pieces, number);
       }
-      progress();
+      take(std::move(document));
     }
   }
 
-  void text_paragraphs(std::istream& in) {
+  void text_paragraphs(std::istream& in, const Take& take) const {
     std::string line, paragraph;
     int64_t number = 0, first_line = 0;
-    const auto flush = [&] {
-      add(0, {paragraph}, first_line);
+    const auto flush_paragraph = [&] {
+      take(RawDocument{first_line, {{paragraph}}});
       paragraph.clear();
-      progress();
     };
     while (std::getline(in, line)) {
       ++number;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (line.find_first_not_of(" \t") == std::string::npos) {
-        if (!paragraph.empty()) flush();
+        if (!paragraph.empty()) flush_paragraph();
         continue;
       }
       if (paragraph.empty()) {
@@ -131,18 +170,56 @@ class Preprocessor {
       }
       paragraph += line;
     }
-    if (!paragraph.empty()) flush();
+    if (!paragraph.empty()) flush_paragraph();
   }
 
-  void add(std::size_t key, const std::vector<std::string>& pieces, int64_t line) {
-    EncodedDocument document;
-    try {
-      document = encode_pieces(*tokenizer_, pieces, config_.append_eod);
-    } catch (const std::exception& e) {
-      throw error(line, e.what());
+  // Megatron's Encoder: each piece (or, split, each sentence of it) one sequence.
+  std::vector<EncodedDocument> encode(const RawDocument& document) const {
+    std::vector<EncodedDocument> encoded;
+    for (const std::vector<std::string>& pieces : document.pieces) {
+      if (!config_.split_sentences) {
+        encoded.push_back(encode_pieces(*tokenizer_, pieces, config_.append_eod));
+        continue;
+      }
+      std::vector<std::string> sentences;
+      for (const std::string& piece : pieces) {
+        for (std::string& sentence : split_sentences(piece, config_.keep_newlines)) {
+          sentences.push_back(std::move(sentence));
+        }
+      }
+      encoded.push_back(encode_pieces(*tokenizer_, sentences, config_.append_eod));
     }
-    builders_[key]->add_document(document.tokens, document.lengths);
-    outputs_[key].tokens += static_cast<int64_t>(document.tokens.size());
+    return encoded;
+  }
+
+  // Tokenizes the batch on the workers (document i on worker i % workers), then writes it in order; the first bad
+  // document in input order is the error, as one worker would report it.
+  void flush() {
+    std::vector<std::vector<EncodedDocument>> encoded(batch_.size());
+    std::vector<std::string> errors(batch_.size());
+    const auto work = [&](std::size_t worker, std::size_t workers) {
+      for (std::size_t i = worker; i < batch_.size(); i += workers) {
+        try {
+          encoded[i] = encode(batch_[i]);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      }
+    };
+    const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(config_.workers), batch_.size());
+    std::vector<std::thread> threads;
+    for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work, w, workers);
+    work(0, std::max<std::size_t>(workers, 1));
+    for (std::thread& thread : threads) thread.join();
+    for (std::size_t i = 0; i < batch_.size(); ++i) {
+      if (!errors[i].empty()) throw error(batch_[i].line, errors[i]);
+      for (std::size_t k = 0; k < builders_.size(); ++k) {
+        builders_[k]->add_document(encoded[i][k].tokens, encoded[i][k].lengths);
+        outputs_[k].tokens += static_cast<int64_t>(encoded[i][k].tokens.size());
+      }
+      progress();
+    }
+    batch_.clear();
   }
 
   void progress() {
@@ -158,6 +235,7 @@ class Preprocessor {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<PreprocessedDataset> outputs_;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders_;
+  std::vector<RawDocument> batch_;
   int64_t documents_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };

@@ -1,6 +1,6 @@
 // Text to Megatron indexed datasets, the work behind bridge-preprocess-data (Megatron-LM's tools/preprocess_data.py):
 // JSON lines (one document per line, from chosen fields) or text paragraphs, tokenized and written with
-// IndexedDatasetBuilder as <output_prefix>_<key>_document.bin/.idx.
+// IndexedDatasetBuilder as <output_prefix>_<key>_document.bin/.idx (_sentence.bin/.idx with sentences split).
 //
 //   PreprocessConfig config;
 //   config.input = "corpus.jsonl";
@@ -23,7 +23,7 @@ enum class InputFormat {
 struct PreprocessConfig {
   std::string input;
   InputFormat input_format = InputFormat::kJsonLines;
-  /// Outputs are <output_prefix>_<key>_document.bin/.idx, key "text" for text input.
+  /// Outputs are <output_prefix>_<key>_document.bin/.idx, key "text" for text input (_sentence: split_sentences).
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
   std::string tokenizer_type = "ByteLevel";  ///< see build_tokenizer
@@ -32,6 +32,18 @@ struct PreprocessConfig {
   bool append_eod = false;
   /// Report progress on stderr every this many documents; 0 = never.
   int64_t log_interval = 0;
+  /// Split each text into sentences (training/datasets/sentence_splitter.h), one sequence each; the outputs are
+  /// then <output_prefix>_<key>_sentence.bin/.idx.
+  bool split_sentences = false;
+  /// With split_sentences: the whitespace after a sentence stays on it (Megatron's --keep-newlines).
+  bool keep_newlines = false;
+  /// Threads that tokenize; the output is the same for any number.
+  int workers = 1;
+  /// Megatron's --partitions: the documents are dealt round-robin to this many partitions, whose outputs follow each
+  /// other (what Megatron's merge of the partition files writes). A multiple of it must be `workers`.
+  int partitions = 1;
+  /// Contiguous partitions instead (Megatron's --keep-sequential-samples): the output is the one-partition output.
+  bool keep_sequential_samples = false;
 };
 
 /// What one output dataset received.

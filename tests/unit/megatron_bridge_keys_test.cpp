@@ -1,0 +1,186 @@
+// Megatron-Bridge's config names: its overrides and recipes (its ConfigContainer's sections and fields, Hydra's
+// override forms, its YAML dumps' `_target_` keys) set bridge's fields; two spellings of one field must agree;
+// features bridge lacks are refused unless left off; misspelt keys still get a suggestion.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/config_test_support.h"
+#include "training/config_yaml.h"
+
+namespace bridge::training {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+ConfigContainer with_overrides(std::initializer_list<std::string> overrides) {
+  ConfigContainer config;
+  for (const std::string& assignment : overrides) apply_override(config, assignment);
+  return config;
+}
+
+using testing::config_error;
+using testing::override_error;
+
+TEST(MegatronBridgeKeys, OverridesWithItsNamesSetBridgesFields) {
+  const ConfigContainer config = with_overrides({
+      "model.tensor_model_parallel_size=2",
+      "model.pipeline_model_parallel_size=2",
+      "model.virtual_pipeline_model_parallel_size=2",
+      "logger.tensorboard_dir=/tmp/tb",
+      "logger.log_interval=5",
+      "dataset.seq_length=128",
+      "dataset.random_seed=7",
+      "validation.eval_iters=3",
+      "validation.eval_interval=50",
+      "dist.distributed_backend=gloo",
+      "dist.distributed_timeout_minutes=15",
+      "checkpoint.load_optim=false",
+      "checkpoint.load_rng=true",
+      "tokenizer.vocab_size=50257",
+      "model.bf16=true",
+      "ddp.check_for_nan_in_grad=false",
+  });
+  EXPECT_EQ(config.parallelism.tensor_model_parallel_size, 2);
+  EXPECT_EQ(config.parallelism.pipeline_model_parallel_size, 2);
+  EXPECT_EQ(config.parallelism.virtual_pipeline_model_parallel_size, 2);
+  EXPECT_EQ(config.logging.tensorboard_dir, "/tmp/tb");
+  EXPECT_EQ(config.logging.log_interval, 5);
+  EXPECT_EQ(config.model.seq_length, 128);
+  EXPECT_EQ(config.rng.seed, 7u);
+  EXPECT_EQ(config.train.eval_iters, 3);
+  EXPECT_EQ(config.train.eval_interval, 50);
+  EXPECT_EQ(config.parallelism.backend, parallel::Backend::kGloo);
+  EXPECT_EQ(config.parallelism.timeout, std::chrono::minutes(15));
+  EXPECT_TRUE(config.checkpoint.no_load_optim);
+  EXPECT_FALSE(config.checkpoint.no_load_rng);
+  EXPECT_EQ(config.model.vocab_size, 50257);
+  EXPECT_TRUE(config.mixed_precision.bf16);
+  EXPECT_FALSE(config.train.check_for_nan_in_loss_and_grad);
+
+  // --print-config shows bridge's names only.
+  const std::string yaml = to_yaml(config);
+  EXPECT_THAT(yaml, AllOf(HasSubstr("tensorboard_dir: /tmp/tb"), HasSubstr("timeout: 15min")));
+  EXPECT_THAT(yaml, AllOf(Not(HasSubstr("logger")), Not(HasSubstr("distributed_timeout_minutes"))));
+}
+
+TEST(MegatronBridgeKeys, HydraOverrideFormsSetAndReset) {
+  ConfigContainer config = with_overrides({"+train.train_iters=5", "++optimizer.lr=0.5", "mixed_precision=bf16-mixed"});
+  EXPECT_EQ(config.train.train_iters, 5);
+  EXPECT_EQ(config.optimizer.lr, 0.5);
+  EXPECT_TRUE(config.mixed_precision.bf16);
+  apply_override(config, "~train.train_iters");
+  apply_override(config, "logger.log_interval=9");
+  apply_override(config, "~logger.log_interval");
+  EXPECT_EQ(config.train.train_iters, ConfigContainer().train.train_iters);
+  EXPECT_EQ(config.logging.log_interval, ConfigContainer().logging.log_interval);
+  EXPECT_EQ(config.optimizer.lr, 0.5);
+  EXPECT_THAT(override_error("~train.train_iterz"), HasSubstr("did you mean 'train.train_iters'?"));
+}
+
+TEST(MegatronBridgeKeys, MisspeltKeysInItsSectionsStillGetASuggestion) {
+  EXPECT_THAT(override_error("logger.tensorbord_dir=/tmp/tb"),
+              AllOf(HasSubstr("unknown config key 'logger.tensorbord_dir'"),
+                    HasSubstr("did you mean 'logging.tensorboard_dir'?")));
+  EXPECT_THAT(override_error("logger.zzzzzzzz=1"), HasSubstr("the keys of 'logging' are logging.log_interval"));
+  EXPECT_THAT(override_error("dist.world_size=8"), HasSubstr("unknown config key 'dist.world_size'"));
+}
+
+TEST(MegatronBridgeKeys, FeaturesBridgeLacksAreAcceptedOnlyWhenOff) {
+  EXPECT_NO_THROW(with_overrides({"model.sequence_parallel=false", "model.context_parallel_size=1",
+                                  "optimizer.use_distributed_optimizer=false", "model.normalization=LayerNorm",
+                                  "scheduler.lr_warmup_init=0.0", "model.num_query_groups=null"}));
+  EXPECT_THAT(override_error("model.sequence_parallel=true"),
+              AllOf(HasSubstr("model.sequence_parallel=true is not supported"),
+                    HasSubstr("bridge has no sequence parallelism"), HasSubstr("set it to false or remove it")));
+  EXPECT_THAT(override_error("model.normalization=RMSNorm"), HasSubstr("LayerNorm, learned absolute positions"));
+  EXPECT_THAT(override_error("optimizer.use_distributed_optimizer=true"),
+              HasSubstr("whole optimizer state on every data-parallel rank"));
+  EXPECT_THAT(override_error("dist.distributed_timeout_minutes=2.5"), HasSubstr("whole number of minutes, got 2.5"));
+  EXPECT_THAT(override_error("checkpoint.load_optim=sometimes"), HasSubstr("must be a bool, got sometimes"));
+  EXPECT_THAT(override_error("ft={enable_ft_package: true}"),
+              AllOf(HasSubstr("'ft' section has no counterpart in bridge"), HasSubstr("set it to null")));
+  EXPECT_THAT(override_error("profiling={profile_step_start: 10}"), HasSubstr("type: Profiler"));
+}
+
+TEST(MegatronBridgeKeys, TwoSpellingsOfOneFieldMustAgree) {
+  const ConfigContainer same =
+      load_config_yaml_string("model: {seq_length: 256}\ndataset: {seq_length: 256, random_seed: 3}\nrng: {seed: 3}\n");
+  EXPECT_EQ(same.model.seq_length, 256);
+  EXPECT_EQ(same.rng.seed, 3u);
+  EXPECT_THAT(config_error([] {
+                load_config_yaml_string("model:\n  seq_length: 1024\ndataset:\n  seq_length: 2048\n", "mb.yaml");
+              }),
+              AllOf(HasSubstr("mb.yaml:4:3: dataset.seq_length: 2048 disagrees with model.seq_length: 1024"),
+                    HasSubstr("both set model.seq_length")));
+  // One spelling twice is still an error, even with the same value.
+  EXPECT_THAT(config_error([] { load_config_yaml_string("logger: {log_interval: 2}\nlogger.log_interval: 2\n"); }),
+              HasSubstr("logger.log_interval is set twice"));
+}
+
+TEST(MegatronBridgeKeys, TheSchedulersWeightDecayWinsWhereverItIsWritten) {
+  for (const char* yaml : {"optimizer: {weight_decay: 0.1}\nscheduler: {start_weight_decay: 0.033}\n",
+                           "scheduler: {start_weight_decay: 0.033, end_weight_decay: 0.033}\n"
+                           "optimizer: {weight_decay: 0.1}\n"}) {
+    EXPECT_DOUBLE_EQ(load_config_yaml_string(yaml).optimizer.weight_decay, 0.033) << yaml;
+  }
+  EXPECT_DOUBLE_EQ(load_config_yaml_string("optimizer: {weight_decay: 0.1}\n").optimizer.weight_decay, 0.1);
+  EXPECT_THAT(
+      config_error([] { load_config_yaml_string("scheduler: {start_weight_decay: 0.0, end_weight_decay: 0.1}\n"); }),
+      HasSubstr("scheduler.end_weight_decay: 0.1 disagrees with scheduler.start_weight_decay: 0"));
+  EXPECT_THAT(override_error("scheduler.weight_decay_incr_style=linear"), HasSubstr("weight decay is constant"));
+}
+
+TEST(MegatronBridgeKeys, NullMeansTheDefaultAndHydraKeysAreIgnored) {
+  const ConfigContainer config = load_config_yaml_string(R"(
+_target_: megatron.bridge.training.config.ConfigContainer
+model:
+  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider
+  vocab_size: null
+  ffn_hidden_size: null
+  init_method: {_target_: torch.nn.init.normal_, _partial_: true, _args_: [], mean: 0.0, std: 0.02}
+tokenizer: {vocab_size: 32000, tokenizer_type: NullTokenizer}
+scheduler: {lr_decay_iters: null, lr_decay_steps: 5120000}
+validation: {eval_interval: null}
+ft: null
+)");
+  EXPECT_EQ(config.model.vocab_size, 32000);
+  EXPECT_EQ(config.model.ffn_hidden_size, ConfigContainer().model.ffn_hidden_size);
+  EXPECT_EQ(config.scheduler.lr_decay_iters, 0);
+  EXPECT_EQ(config.train.eval_interval, 0);
+}
+
+TEST(MegatronBridgeKeys, ABlendIsMegatronsDataPathList) {
+  EXPECT_EQ(with_overrides({"dataset.blend=[[/d/a, /d/b], [0.3, 0.7]]"}).dataset.data_path,
+            (std::vector<std::string>{"0.3", "/d/a", "0.7", "/d/b"}));
+  EXPECT_EQ(with_overrides({"dataset.blend=[[/d/a], null]"}).dataset.data_path, (std::vector<std::string>{"/d/a"}));
+  EXPECT_THAT(override_error("dataset.blend=[[/d/a, /d/b], [1.0]]"),
+              HasSubstr("dataset.blend must be [[prefix, ...], [weight, ...]]"));
+}
+
+TEST(MegatronBridgeKeys, TheShippedRecipeInItsLayoutIsTheTinyRecipe) {
+  const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
+  const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_gpt.yaml");
+  ConfigContainer ours = load_config_yaml(recipes / "tiny.yaml");
+  EXPECT_EQ(theirs.model.vocab_size, 257);
+  EXPECT_EQ(theirs.model.seq_length, 64);
+  EXPECT_EQ(theirs.train.eval_iters, 4);
+  EXPECT_EQ(theirs.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(theirs.dataset.data_path, (std::vector<std::string>{"builtin:tiny_fables"}));
+  EXPECT_EQ(theirs.parallelism.timeout, std::chrono::minutes(10));
+  // What tiny.yaml leaves to bridge's defaults, the Megatron-Bridge recipe spells out with its own.
+  ours.model.ffn_hidden_size = theirs.model.ffn_hidden_size;
+  ours.optimizer.adam_beta2 = theirs.optimizer.adam_beta2;
+  ours.model.make_vocab_size_divisible_by = theirs.model.make_vocab_size_divisible_by;
+  ours.logging.log_timers_to_tensorboard = theirs.logging.log_timers_to_tensorboard;
+  ours.parallelism.backend = theirs.parallelism.backend;
+  EXPECT_EQ(to_yaml(theirs), to_yaml(ours));
+}
+
+}  // namespace
+}  // namespace bridge::training

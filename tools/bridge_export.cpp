@@ -1,0 +1,70 @@
+// bridge-export: writes a Hugging Face GPT-2 directory (config.json + model.safetensors, which
+// GPT2LMHeadModel.from_pretrained loads) from a bridge checkpoint saved in any parallel layout; the reverse of
+// bridge-pretrain checkpoint.pretrained_checkpoint=hf:<dir>.
+//
+//   bridge-export --checkpoint ckpt --hf-dir gpt2-out              # the tracker's iteration
+//   bridge-export --checkpoint ckpt --iteration 200 --hf-dir gpt2-out
+//
+// Exit status: 0 written, 1 an unreadable or inconsistent checkpoint or a failed write, 2 bad command line.
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "bridge/hf/gpt2.h"
+#include "training/saved_checkpoint.h"
+
+namespace {
+
+constexpr int kExitBadInput = 1;
+constexpr int kExitBadCommandLine = 2;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cxxopts::Options options("bridge-export",
+                           "Writes a Hugging Face GPT-2 directory (config.json + model.safetensors) from a bridge "
+                           "checkpoint saved in any tensor/pipeline-parallel layout.");
+  options.custom_help("--checkpoint DIR --hf-dir DIR [--iteration N]");
+  // clang-format off
+  options.add_options()
+      ("checkpoint", "a checkpoint directory (what checkpoint.save names)", cxxopts::value<std::string>(), "DIR")
+      ("iteration", "the iteration to export; default: the tracker's (latest_checkpointed_iteration.txt)",
+       cxxopts::value<int64_t>(), "N")
+      ("hf-dir", "the Hugging Face directory to write (created; config.json and model.safetensors are replaced)",
+       cxxopts::value<std::string>(), "DIR")
+      ("h,help", "print this help and exit");
+  // clang-format on
+  std::string checkpoint, hf_dir;
+  std::optional<int64_t> iteration;
+  try {
+    const cxxopts::ParseResult args = options.parse(argc, argv);
+    if (args.count("help")) {
+      std::printf("%s", options.help().c_str());
+      return 0;
+    }
+    if (!args.unmatched().empty()) {
+      throw std::invalid_argument("unexpected argument '" + args.unmatched().front() + "'");
+    }
+    for (const char* required : {"checkpoint", "hf-dir"}) {
+      if (!args.count(required)) throw std::invalid_argument(std::string("--") + required + " is required");
+    }
+    checkpoint = args["checkpoint"].as<std::string>();
+    hf_dir = args["hf-dir"].as<std::string>();
+    if (args.count("iteration")) iteration = args["iteration"].as<int64_t>();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bridge-export: error: %s\nRun bridge-export --help for the options.\n", e.what());
+    return kExitBadCommandLine;
+  }
+  try {
+    const bridge::training::SavedWeights saved = bridge::training::load_saved_weights(checkpoint, iteration);
+    bridge::hf::save_gpt2(hf_dir, saved.tensors, saved.config.model);
+    std::printf("bridge-export: wrote %s (config.json, model.safetensors) from %s\n", hf_dir.c_str(),
+                saved.path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bridge-export: error: %s\n", e.what());
+    return kExitBadInput;
+  }
+  return 0;
+}

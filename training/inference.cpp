@@ -1,0 +1,62 @@
+// forward_logits: one forward-only pass of the pipeline schedule.
+#include "training/inference.h"
+
+#include <utility>
+
+#include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
+#include "parallel/pipeline_parallel/schedules.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace bridge::training {
+namespace pp = parallel::pipeline_parallel;
+
+torch::Tensor forward_logits(const std::vector<models::GPTModelImpl*>& chunks, const torch::Tensor& tokens,
+                             torch::Dtype dtype, const torch::Tensor& positions) {
+  if (chunks.empty()) throw std::invalid_argument("forward_logits: no model chunks");
+  const models::GPTConfig& config = chunks.front()->config();
+  const int64_t batch = tokens.size(0), seq_length = tokens.size(1);
+  if (seq_length > config.seq_length) {
+    throw std::invalid_argument("forward_logits: " + std::to_string(seq_length) + " tokens per row, the model embeds " +
+                                std::to_string(config.seq_length) + " positions (model.seq_length)");
+  }
+  const torch::Device device = chunks.front()->parameters().front().device();
+  const bool distributed = parallel::is_distributed_initialized();
+  const int pipeline_size = distributed ? parallel::get_pipeline_model_parallel_world_size() : 1;
+  const bool virtual_pipeline =
+      distributed && parallel::get_virtual_pipeline_model_parallel_world_size().value_or(1) > 1;
+  const torch::Tensor input = tokens.to(device, torch::kInt64);
+  const torch::Tensor position_ids = torch::arange(seq_length, torch::dtype(torch::kInt64).device(device))
+                                         .unsqueeze(0)
+                                         .expand({batch, seq_length})
+                                         .contiguous();
+  const torch::Tensor rows = torch::arange(batch, torch::dtype(torch::kInt64).device(device));
+  const torch::Tensor kept = positions.defined() ? positions.to(device, torch::kInt64) : torch::Tensor();
+
+  pp::ForwardBackwardOptions schedule;
+  for (models::GPTModelImpl* chunk : chunks) {
+    schedule.set_input_tensor.emplace_back([chunk](const torch::Tensor& in) { chunk->set_input_tensor(in); });
+  }
+  schedule.num_microbatches = virtual_pipeline ? pipeline_size : 1;
+  if (virtual_pipeline) schedule.microbatch_group_size_per_vp_stage = pipeline_size;
+  schedule.tensor_shape = {seq_length, batch, config.hidden_size};
+  schedule.dtype = dtype;
+  schedule.device = device;
+  schedule.forward_only = true;
+  torch::Tensor logits;  // [b, s or -, vocab / tp] on the last stage
+  schedule.forward_step_func = [&](int64_t microbatch, int64_t chunk) {
+    torch::Tensor output = chunks[static_cast<std::size_t>(chunk)]->forward(input, position_ids);
+    pp::LossFunc loss = [&, microbatch](const torch::Tensor& out) {
+      if (microbatch == 0) logits = kept.defined() ? out.index({rows, kept}) : out;
+      return pp::LossOutput{torch::zeros({}, out.options().dtype(torch::kFloat)), {}, {}};
+    };
+    return std::pair{output, loss};
+  };
+  torch::NoGradGuard no_grad;
+  pp::get_forward_backward_func()(schedule);
+  if (!logits.defined()) return logits;
+  if (distributed) logits = parallel::tensor_parallel::gather_from_tensor_model_parallel_region(logits);
+  return logits.to(torch::kCPU, torch::kFloat);
+}
+
+}  // namespace bridge::training
