@@ -100,6 +100,7 @@ void destroy_distributed() {
 const LaunchEnv& get_launch_env() { return require_world("get_launch_env").env; }
 int get_rank() { return require_world("get_rank").env.rank; }
 int get_world_size() { return require_world("get_world_size").env.world_size; }
+bool is_last_rank() { return !is_distributed_initialized() || get_rank() == get_world_size() - 1; }
 ProcessGroup& get_world_group() { return *require_world("get_world_group").world_group; }
 
 std::shared_ptr<ProcessGroup> new_group(const std::string& name, const std::vector<int>& ranks) {

@@ -40,6 +40,9 @@ void destroy_distributed();
 const LaunchEnv& get_launch_env();
 int get_rank();
 int get_world_size();
+/// Whether this process is the world's last rank, where Megatron logs and writes metrics (it holds the loss). True
+/// when no world is initialised: a lone process is its own last rank.
+bool is_last_rank();
 ProcessGroup& get_world_group();
 
 /// A group of the global `ranks` (in group-rank order), or nullptr on a rank that is not a member. Only members

@@ -39,7 +39,7 @@ std::string format_memory(const utils::StatReport& report) {
 
 TrainingLogger::TrainingLogger(PretrainSetup& setup) : setup_(setup) {
   const LoggingConfig& logging = setup.config.logging;
-  writer_rank_ = parallel::get_rank() == parallel::get_world_size() - 1;
+  writer_rank_ = parallel::is_last_rank();
   flops_per_step_ = utils::num_floating_point_operations(setup.config.model, setup.config.train.global_batch_size,
                                                          setup.config.parallelism.tensor_model_parallel_size);
   // Writers live on the last rank; if they cannot be opened there, every rank must fail, not wait for it.

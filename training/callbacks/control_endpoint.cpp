@@ -101,7 +101,7 @@ ControlEndpoint::~ControlEndpoint() { stop_server(); }
 
 void ControlEndpoint::on_train_start(CallbackContext& ctx) {
   const bool distributed = parallel::is_distributed_initialized();
-  if (distributed && parallel::get_rank() != parallel::get_world_size() - 1) return;  // the last rank serves
+  if (!parallel::is_last_rank()) return;  // the last rank serves
   stop_server();
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -40,8 +40,7 @@ ProgressBar::ProgressBar(ProgressBarOptions options) : options_(std::move(option
 }
 
 void ProgressBar::on_train_start(CallbackContext& ctx) {
-  const bool distributed = parallel::is_distributed_initialized();
-  active_ = !distributed || parallel::get_rank() == parallel::get_world_size() - 1;
+  active_ = parallel::is_last_rank();
   if (!active_) return;
   terminal_ = options_.terminal.value_or(::isatty(::fileno(options_.stream)) == 1);
   start_step_ = step_ = ctx.state.train_state.step;

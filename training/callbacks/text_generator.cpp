@@ -74,10 +74,6 @@ void check_fits(const TextGeneratorOptions& options, const datasets::Tokenizer& 
   }
 }
 
-bool on_last_rank() {
-  return !parallel::is_distributed_initialized() || parallel::get_rank() == parallel::get_world_size() - 1;
-}
-
 }  // namespace
 
 TextGenerator::TextGenerator(TextGeneratorOptions options) : options_(std::move(options)) {
@@ -119,7 +115,7 @@ void TextGenerator::on_log(CallbackContext& ctx) {
   last_ = generate(ctx, step);
   for (std::size_t i = 0; i < last_.size(); ++i) {
     ctx.log->texts["text_generation/prompt_" + std::to_string(i)] = last_[i].prompt + last_[i].continuation;
-    if (on_last_rank()) {
+    if (parallel::is_last_rank()) {
       bridge::utils::log_info_on_this_rank(fmt::format("TextGenerator (step {}) prompt {}: \"{}\" -> \"{}\"", step, i,
                                                        last_[i].prompt, last_[i].continuation));
     }
