@@ -14,6 +14,7 @@
 #include "training/datasets/gpt_dataset.h"
 #include "training/preflight.h"
 #include "training/pretrain_setup.h"
+#include "utils/exception_message.h"
 #include "utils/host_allocator.h"
 #include "utils/logging.h"
 
@@ -228,13 +229,7 @@ void build(PretrainSetup& setup) {
 
 void report_exception(PretrainSetup& setup, std::exception_ptr error) {
   if (!should_fire(setup.callbacks, Event::kException)) return;
-  std::string what = "unknown exception";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-  }
+  const std::string what = bridge::utils::exception_message(error);
   try {
     setup.fire(Event::kException, [&](CallbackContext& ctx) { ctx.exception = ExceptionInfo{error, what}; });
   } catch (const std::exception& e) {

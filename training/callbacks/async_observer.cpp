@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "training/callbacks/callback_context.h"
+#include "utils/exception_message.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -56,16 +57,10 @@ AsyncObserver::AsyncObserver(std::string name, ObserverFn fn, std::size_t queue_
       try {
         impl->fn(snapshot);
         ++impl->delivered;
-      } catch (const std::exception& error) {
-        ++impl->failed;
-        bridge::utils::logger().error("observer '{}' failed on {} at step {}: {}", name, to_string(snapshot.event),
-                                      snapshot.step, error.what());
       } catch (...) {
         ++impl->failed;
-        bridge::utils::logger().error(
-            "observer '{}' failed on {} at step {}: an exception not derived from "
-            "std::exception",
-            name, to_string(snapshot.event), snapshot.step);
+        bridge::utils::logger().error("observer '{}' failed on {} at step {}: {}", name, to_string(snapshot.event),
+                                      snapshot.step, bridge::utils::exception_message(std::current_exception()));
       }
       --impl->queued;
     }

@@ -4,6 +4,7 @@
 #include <exception>
 #include <utility>
 
+#include "utils/exception_message.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -207,13 +208,7 @@ void CallbackManager::fire(Event event, CallbackContext& ctx) {
 void CallbackManager::fire(std::string_view event, CallbackContext& ctx) { fire(event_from_name(event), ctx); }
 
 void CallbackManager::log_isolated(const Registration& registration, Event event) {
-  std::string what = "an exception not derived from std::exception";
-  try {
-    throw;
-  } catch (const std::exception& error) {
-    what = error.what();
-  } catch (...) {
-  }
+  const std::string what = bridge::utils::exception_message(std::current_exception());
   Isolation& isolation = *registration.isolation;
   isolation.disabled = ++isolation.failures >= isolation.max_failures;
   bridge::utils::logger().error(
@@ -223,13 +218,8 @@ void CallbackManager::log_isolated(const Registration& registration, Event event
 }
 
 void CallbackManager::rethrow_wrapped(const Registration& registration, Event event) {
-  try {
-    throw;
-  } catch (const std::exception& error) {
-    std::throw_with_nested(CallbackError(registration.name, event, error.what()));
-  } catch (...) {
-    std::throw_with_nested(CallbackError(registration.name, event, "an exception not derived from std::exception"));
-  }
+  std::throw_with_nested(
+      CallbackError(registration.name, event, bridge::utils::exception_message(std::current_exception())));
 }
 
 std::shared_ptr<CallbackManager> normalize_callbacks(std::shared_ptr<CallbackManager> manager) { return manager; }
