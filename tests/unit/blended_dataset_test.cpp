@@ -136,17 +136,10 @@ TEST(BlendTest, DataPathFormsAreMegatrons) {
 }
 
 ConfigContainer blend_config(const ScratchDir& dir) {
-  ConfigContainer config;
-  config.model.seq_length = 8;
-  config.model.vocab_size = 65536;
+  ConfigContainer config = testing::data_config(dir);
   config.train.train_iters = 50;
-  config.train.global_batch_size = 4;
-  config.train.eval_iters = 2;
   config.train.eval_interval = 25;
   config.dataset.data_path = {"0.3", dir / "a", "0.7", dir / "b"};
-  config.dataset.split = "8,1,1";
-  config.dataset.path_to_cache = dir / "cache";
-  config.rng.seed = 5;
   return config;
 }
 

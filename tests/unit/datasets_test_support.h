@@ -1,5 +1,6 @@
 // Shared helpers of the dataset tests: a scratch folder per test, the independent Python reference scripts
-// (tests/tools/megatron_*.py, run with a Python that has NumPy), and the known content those scripts write.
+// (tests/tools/megatron_*.py, run with a Python that has NumPy), the known content those scripts write, and a small
+// run's config over it.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <iterator>
 #include <string>
 #include <vector>
+
+#include "training/config.h"
 
 namespace bridge::training::datasets::testing {
 
@@ -66,6 +69,23 @@ inline std::vector<int64_t> known_document(int64_t i, bool uint16) {
   std::vector<int64_t> tokens;
   for (int64_t j = 0; j < length; ++j) tokens.push_back((i * 1009 + j * step) % modulus);
   return tokens;
+}
+
+/// A small run over the dataset `<dir>/data` (uint16 ids), split 8,1,1 with its index cache in `dir`: 5 steps of 4
+/// samples of 8 tokens, evaluating 2 batches every 2 steps.
+inline ConfigContainer data_config(const ScratchDir& dir) {
+  ConfigContainer config;
+  config.model.seq_length = 8;
+  config.model.vocab_size = 65536;
+  config.train.train_iters = 5;
+  config.train.global_batch_size = 4;
+  config.train.eval_iters = 2;
+  config.train.eval_interval = 2;
+  config.dataset.data_path = {dir / "data"};
+  config.dataset.split = "8,1,1";
+  config.dataset.path_to_cache = dir / "cache";
+  config.rng.seed = 5;
+  return config;
 }
 
 /// Writes `<prefix>.bin/.idx` of `count` known documents with the Python (Megatron) writer.

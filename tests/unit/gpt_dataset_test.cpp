@@ -24,6 +24,7 @@
 namespace bridge::training::datasets {
 namespace {
 
+using testing::data_config;
 using ::testing::HasSubstr;
 using testing::read_bytes;
 using testing::run_python_tool;
@@ -353,21 +354,6 @@ TEST(IndexedGPTDatasetTest, ConcurrentBuildersAgree) {
     ++files;
   }
   EXPECT_EQ(files, 5);  // three .npy, their digests and the description
-}
-
-ConfigContainer data_config(const ScratchDir& dir) {
-  ConfigContainer config;
-  config.model.seq_length = 8;
-  config.model.vocab_size = 65536;
-  config.train.train_iters = 5;
-  config.train.global_batch_size = 4;
-  config.train.eval_iters = 2;
-  config.train.eval_interval = 2;
-  config.dataset.data_path = {dir / "data"};
-  config.dataset.split = "8,1,1";
-  config.dataset.path_to_cache = dir / "cache";
-  config.rng.seed = 5;
-  return config;
 }
 
 TEST(BuildGPTDatasetsTest, SplitsSampleCountsAndCache) {
