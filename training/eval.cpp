@@ -7,6 +7,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "training/pretrain_setup.h"
+#include "training/utils/train_utils.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -36,7 +37,7 @@ LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training) {
   for (models::GPTModel& chunk : setup.model) chunk->train();
 
   if (setup.logger) setup.logger->write_evaluation(total, is_test);
-  if (parallel::get_rank() == setup.world_size - 1 && !total.empty()) {
+  if (parallel::is_last_rank() && !total.empty()) {
     // Megatron's block: a test's line also reads "validation loss at", told apart by its "on test set".
     std::string line = " validation loss at iteration " + std::to_string(setup.state.train_state.step);
     if (after_training) line += is_test ? " on test set" : " on validation set";
@@ -45,7 +46,7 @@ LossDict evaluate(PretrainSetup& setup, bool is_test, bool after_training) {
       const double loss = value.item<double>();
       char text[96];
       std::snprintf(text, sizeof(text), "%s value: %E | %s PPL: %E | ", key.c_str(), loss, key.c_str(),
-                    std::exp(std::min(20.0, loss)));
+                    utils::validation_ppl(loss));
       line += text;
     }
     const std::string rule(line.size() + 1, '-');

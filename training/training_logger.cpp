@@ -289,7 +289,7 @@ void TrainingLogger::write_evaluation(const LossDict& total, bool is_test) {
   write_guarded(is_test ? "test losses" : "validation losses", train_state.step, [&] {
     for (const auto& [key, value] : total) {
       const double loss = value.item<double>();
-      const double ppl = std::exp(std::min(20.0, loss));
+      const double ppl = utils::validation_ppl(loss);
       const std::string tag = key + suffix;
       writer_->add_scalar(tag, loss, train_state.step);
       if (tensorboard_) tensorboard_->add_scalar(tag + " vs samples", loss, train_state.consumed_train_samples);

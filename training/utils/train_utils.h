@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -32,6 +34,9 @@ using StatValue = std::variant<int64_t, double>;
 using StatReport = std::vector<std::pair<std::string, StatValue>>;
 
 double to_double(const StatValue& value);
+
+/// Megatron's validation perplexity: exp of the loss, capped at exp(20) so that a diverged loss still prints.
+inline double validation_ppl(double loss) { return std::exp(std::min(20.0, loss)); }
 /// The value under `name`, if the report has it.
 std::optional<StatValue> find_stat(const StatReport& report, const std::string& name);
 
