@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "utils/exception_message.h"
 #include "utils/strings.h"
 
 namespace bridge::parallel {
@@ -61,7 +62,7 @@ void ProcessGroup::checked(std::string_view operation, Op&& op) {
                              std::string(operation) + " on group '" + name_ + "' (global ranks [" +
                                  utils::join(global_ranks_, ", ") + "], this is group rank " + std::to_string(rank_) +
                                  ") failed after " + std::to_string(seconds) + " s (timeout " +
-                                 std::to_string(timeout_.count()) + " ms): " + error.what() +
+                                 std::to_string(timeout_.count()) + " ms): " + bridge::utils::describe(error) +
                                  ". A peer may have died or fallen out of step; check the other ranks' logs.");
   }
 }

@@ -14,6 +14,7 @@
 
 #include "bridge/hf/gpt2.h"
 #include "training/saved_checkpoint.h"
+#include "utils/exception_message.h"
 
 namespace {
 
@@ -54,7 +55,8 @@ int main(int argc, char** argv) {
     hf_dir = args["hf-dir"].as<std::string>();
     if (args.count("iteration")) iteration = args["iteration"].as<int64_t>();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bridge-export: error: %s\nRun bridge-export --help for the options.\n", e.what());
+    std::fprintf(stderr, "bridge-export: error: %s\nRun bridge-export --help for the options.\n",
+                 bridge::utils::describe(e).c_str());
     return kExitBadCommandLine;
   }
   try {
@@ -63,7 +65,7 @@ int main(int argc, char** argv) {
     std::printf("bridge-export: wrote %s (config.json, model.safetensors) from %s\n", hf_dir.c_str(),
                 saved.path.c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bridge-export: error: %s\n", e.what());
+    std::fprintf(stderr, "bridge-export: error: %s\n", bridge::utils::describe(e).c_str());
     return kExitBadInput;
   }
   return 0;

@@ -233,7 +233,8 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
   try {
     setup.fire(Event::kException, [&](CallbackContext& ctx) { ctx.exception = ExceptionInfo{error, what}; });
   } catch (const std::exception& e) {
-    bridge::utils::logger().error("an on_exception callback failed too (the original error follows): {}", e.what());
+    bridge::utils::logger().error("an on_exception callback failed too (the original error follows): {}",
+                                  bridge::utils::describe(e));
   }
 }
 

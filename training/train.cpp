@@ -14,6 +14,7 @@
 #include "training/clip_grads.h"
 #include "training/pretrain.h"
 #include "training/pretrain_setup.h"
+#include "utils/exception_message.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -177,7 +178,7 @@ ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control
     try {
       finalize_checkpoint_save(setup, /*blocking=*/true);
     } catch (const std::exception& error) {
-      bridge::utils::logger().error("{}", error.what());
+      bridge::utils::logger().error("{}", bridge::utils::describe(error));
     }
     note_agreed_failure();
     throw TrainingAborted("training aborted after step " + std::to_string(step) + " on a callback's request:\n" +

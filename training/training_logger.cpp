@@ -14,6 +14,7 @@
 #include "training/utils/flop_utils.h"
 #include "training/utils/packed_statistics.h"
 #include "training/utils/train_utils.h"
+#include "utils/exception_message.h"
 #include "utils/fanout_writer.h"
 #include "utils/jsonl_writer.h"
 #include "utils/logging.h"
@@ -54,7 +55,7 @@ TrainingLogger::TrainingLogger(PretrainSetup& setup) : setup_(setup) {
         others.push_back(std::make_shared<bridge::utils::JsonlWriter>(logging.jsonl_path));
       writer_ = bridge::utils::build_metric_writer(tensorboard_, others);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = bridge::utils::describe(e);
     }
   }
   torch::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kDouble);
@@ -274,7 +275,7 @@ void TrainingLogger::write_guarded(const char* what, int64_t iteration, const st
     writer_->flush();
   } catch (const std::exception& e) {
     // Only this rank writes: keep training to the next log step, whose collective fails every rank together.
-    writer_error_ = e.what();
+    writer_error_ = bridge::utils::describe(e);
     bridge::utils::logger().error("writing the {} of step {} failed: {}", what, iteration, writer_error_);
     writer_.reset();
     tensorboard_.reset();
@@ -306,7 +307,7 @@ void TrainingLogger::flush() {
   try {
     writer_->flush();
   } catch (const std::exception& e) {
-    bridge::utils::logger().error("flushing the metric writers failed: {}", e.what());
+    bridge::utils::logger().error("flushing the metric writers failed: {}", bridge::utils::describe(e));
   }
 }
 
