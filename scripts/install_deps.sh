@@ -37,6 +37,7 @@ packages=(
   libopenblas0-pthread  # replaces reference BLAS behind libblas.so.3: ~15x faster CPU matmuls
   libopenmpi-dev openmpi-bin  # mpirun launch and the MPI rank/address bootstrap
   libspdlog-dev         # rank-aware logging
+  zlib1g-dev            # CRC32 (crc32): checkpoints are verified before they are loaded
   libcxxopts-dev        # command-line parsing
   libyaml-cpp-dev       # bridge-pretrain's YAML recipes and --print-config
   libgtest-dev libgmock-dev   # unit tests

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "utils/durable_file.h"
+#include "utils/exception_message.h"
+#include "utils/zip_archive.h"
 
 namespace bridge::utils {
 namespace {
@@ -255,10 +257,12 @@ void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& val
     // skipped, and it is rethrown once the writer is gone.
     std::exception_ptr failure;
     {
+      // The archive ends with bridge's whole-file checksum, which load_torch_pickle verifies (zip_archive.h).
+      ChecksummedZipSink checksummed(write);
       caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
         if (failure) return size;
         try {
-          write(static_cast<const char*>(data), size);
+          checksummed.write(static_cast<const char*>(data), size);
         } catch (...) {
           failure = std::current_exception();
         }
@@ -266,13 +270,22 @@ void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& val
       });
       torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
       writer.writeEndOfFile();
+      if (!failure) checksummed.finish();
     }
     if (failure) std::rethrow_exception(failure);
   });
 }
 
-c10::IValue load_torch_pickle(const std::filesystem::path& path) {
+c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check) {
   std::string bytes = read_file(path);
+  try {
+    const ZipCheck done = verify_zip_archive(bytes);
+    if (check != nullptr) *check = done;
+  } catch (const DamagedFileError& error) {
+    throw DamagedFileError(path.string() + " is damaged: " + error.what() +
+                           ". Its bytes are not the ones that were written (a disk or copy error); restore it from "
+                           "a copy, or use another file");
+  }
   try {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BoundedReader>(std::move(bytes)));
     const auto [pickle, pickle_size] = reader.getRecord("data.pkl");
@@ -280,7 +293,7 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path) {
     // What torch::jit::pickle_load does, over the bounded reader: the pickle "data.pkl" and its tensors' records.
     return tensors_as_floats(torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader));
   } catch (const std::exception& error) {
-    throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + error.what() +
+    throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + describe(error) +
                              "); it is damaged or was not written by torch.save / bridge");
   }
 }

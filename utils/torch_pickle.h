@@ -15,6 +15,8 @@
 
 #include <filesystem>
 
+#include "utils/zip_archive.h"
+
 namespace bridge::utils {
 
 /// Writes `value` (dicts, lists, tuples, strings, numbers, None and CPU tensors) to `path` atomically and durably
@@ -22,7 +24,8 @@ namespace bridge::utils {
 void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& value);
 
 /// Reads a file that save_torch_pickle, torch::pickle_save or Python's torch.save (of plain containers and tensors)
-/// wrote. Throws std::runtime_error naming the path when it cannot.
-c10::IValue load_torch_pickle(const std::filesystem::path& path);
+/// wrote, after verifying its checksums (zip_archive.h): DamagedFileError naming the path when they do not match,
+/// std::runtime_error naming it when it cannot be read otherwise. `check`, when given, says which checksums it had.
+c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check = nullptr);
 
 }  // namespace bridge::utils
