@@ -22,6 +22,7 @@
 #include "training/config_yaml.h"
 #include "training/preflight.h"
 #include "training/utils/theoretical_memory.h"
+#include "utils/exception_message.h"
 #include "utils/strings.h"
 
 namespace {
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
     check_builtin_data(config);
     config.validate(env.world_size);
   } catch (const std::exception& error) {  // cxxopts errors, ConfigError, validate()'s invalid_argument
-    if (env.rank == 0) std::fprintf(stderr, "bridge-pretrain: error: %s\n", error.what());
+    if (env.rank == 0) std::fprintf(stderr, "bridge-pretrain: error: %s\n", bridge::utils::describe(error).c_str());
     return kExitBadConfig;
   }
 
@@ -230,10 +231,12 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const PreflightError& error) {  // the same on every rank: printed by the rank that found it
-    if (env.rank == error.source_rank()) std::fprintf(stderr, "bridge-pretrain: error: %s\n", error.what());
+    if (env.rank == error.source_rank())
+      std::fprintf(stderr, "bridge-pretrain: error: %s\n", bridge::utils::describe(error).c_str());
     return kExitBadConfig;
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "bridge-pretrain: rank %d: training failed: %s\n", env.rank, error.what());
+    std::fprintf(stderr, "bridge-pretrain: rank %d: training failed: %s\n", env.rank,
+                 bridge::utils::describe(error).c_str());
     return kExitTrainingFailed;
   }
 }

@@ -20,9 +20,11 @@
 #include "training/callbacks/callback_state.h"
 #include "training/checkpoint_state.h"
 #include "utils/durable_file.h"
+#include "utils/exception_message.h"
 #include "utils/logging.h"
 #include "utils/strings.h"
 #include "utils/torch_pickle.h"
+#include "utils/zip_archive.h"
 
 namespace bridge::training {
 namespace fs = std::filesystem;
@@ -30,6 +32,7 @@ namespace {
 
 using GenericDict = c10::impl::GenericDict;
 using GenericList = c10::impl::GenericList;
+using bridge::utils::DamagedFileError;
 
 constexpr char kTracker[] = "latest_checkpointed_iteration.txt";
 constexpr char kCommon[] = "common.pt";
@@ -55,26 +58,40 @@ GenericDict read_pickle(const fs::path& path) {
 
 // Runs `work` on this rank and makes every rank learn whether it failed anywhere: a failure throws on every rank
 // (this rank's own exception, or one naming the failing ranks), so no rank waits at a collective the others left.
+// Every rank throws the same kind: DamagedFileError when each failure was one (a load may then fall back to an
+// older checkpoint, a decision all ranks must take together), std::runtime_error otherwise.
 template <class Work>
 void on_every_rank(const std::string& what, Work&& work) {
+  enum : int64_t { kFine = 0, kFailed = 1, kDamaged = 2 };
   std::exception_ptr error;
+  int64_t kind = kFine;
   try {
     work();
+  } catch (const DamagedFileError&) {
+    error = std::current_exception();
+    kind = kDamaged;
   } catch (...) {
     error = std::current_exception();
+    kind = kFailed;
   }
   parallel::ProcessGroup& world = parallel::get_world_group();
   torch::Tensor failed = torch::zeros({world.size()}, torch::kLong);
-  failed[world.rank()] = error ? 1 : 0;
+  failed[world.rank()] = kind;
   world.all_reduce(failed);
   if (failed.sum().item<int64_t>() == 0) return;
   note_agreed_failure();
-  if (error) std::rethrow_exception(error);
   std::vector<int> ranks;
+  bool all_damaged = true;
   for (int r = 0; r < world.size(); ++r) {
-    if (failed[r].item<int64_t>() != 0) ranks.push_back(r);
+    const int64_t theirs = failed[r].item<int64_t>();
+    if (theirs != kFine) ranks.push_back(r);
+    all_damaged = all_damaged && theirs != kFailed;
   }
-  throw std::runtime_error(what + " failed on rank(s) " + bridge::utils::join(ranks, ", ") + "; see their errors");
+  if (error && (all_damaged || kind == kFailed)) std::rethrow_exception(error);
+  if (error) throw std::runtime_error(bridge::utils::exception_message(error));  // drop the type: others failed
+  const std::string message = what + " failed on rank(s) " + bridge::utils::join(ranks, ", ") + "; see their errors";
+  if (all_damaged) throw DamagedFileError(message);
+  throw std::runtime_error(message);
 }
 
 // `message` with `what` in front, unless it already starts with it (another rank's failure, which names it).
@@ -197,7 +214,7 @@ namespace {
 
 // The tracker's error hint when a save fails.
 std::string failed_save(const std::string& what, const std::exception& error) {
-  return in_context(what, error.what()) + ". " + kTracker +
+  return in_context(what, bridge::utils::describe(error)) + ". " + kTracker +
          " still names the previous complete checkpoint; check that checkpoint.save is writable and has space.";
 }
 
@@ -360,7 +377,7 @@ std::optional<Source> resolve_source(const CheckpointConfig& config) {
     if (iteration) {
       source = Source{config.load, *iteration, config.finetune, "checkpoint.load"};
     } else if (parallel::get_rank() == 0) {
-      bridge::utils::logger().info("checkpoint.load {} holds no checkpoint ({} is absent): nothing to resume",
+      bridge::utils::logger().warn("checkpoint.load {} holds no checkpoint ({} is absent): nothing to resume",
                                    config.load, kTracker);
     }
   }
@@ -438,13 +455,117 @@ LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directo
       check_loadable(params, files, files_of, options);
     });
   } catch (const std::exception& error) {
-    throw std::runtime_error(in_context(what, error.what()));
+    throw std::runtime_error(in_context(what, bridge::utils::describe(error)));
   }
   load_parameters(setup, params, files, files_of, options);
   setup.fire_training(Event::kCheckpointLoad, [&](CallbackContext& ctx) {
     ctx.checkpoint = CheckpointInfo{directory.string(), 0};
   });
   return LoadedCheckpoint{directory.string(), 0};
+}
+
+// Reads and checks, on this rank, what it needs of the checkpoint in `directory`: common.pt, the files holding its
+// parameters' slices, its own (tp, pp) file when the layout is unchanged. Modifies nothing of the run. Missing and
+// damaged files throw DamagedFileError; a checkpoint that does not fit the model, std::runtime_error.
+void read_checkpoint_files(const fs::path& directory, const std::vector<std::string>& gathered_names,
+                           const std::vector<CheckpointParam>& params, const LoadOptions& options, int tp, int pp,
+                           GenericDict& common, std::map<std::string, LoadedFile>& files,
+                           std::map<std::string, std::vector<std::string>>& files_of, bool& same_layout,
+                           std::string& own_file) {
+  const fs::path common_path = directory / kCommon;
+  if (!fs::exists(common_path)) {
+    throw DamagedFileError(common_path.string() +
+                           " is missing: the save of this iteration did not complete (or it is not a bridge "
+                           "checkpoint). Choose a complete one with checkpoint.ckpt_step");
+  }
+  common = read_pickle(common_path);
+  const GenericDict index = checkpoint_dict(common, "tensors", common_path.string());
+  for (const c10::IValue& file : checkpoint_field(common, "files", common_path.string()).toListRef()) {
+    if (!fs::exists(directory / file.toStringRef())) {
+      throw DamagedFileError("the checkpoint's file " + (directory / file.toStringRef()).string() +
+                             " is missing; copy the whole iteration directory, or choose another with "
+                             "checkpoint.ckpt_step");
+    }
+  }
+  std::set<std::string> model_names;
+  for (const std::string& text : gathered_names) {
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) model_names.insert(line);
+  }
+  for (const std::string& name : model_names) {
+    if (!index.contains(c10::IValue(name))) {
+      throw std::runtime_error("the checkpoint has no tensor " + name +
+                               ", which the model has: it is of another model; make model.* match its config");
+    }
+  }
+  for (const auto& item : index) {
+    const std::string& name = item.key().toStringRef();
+    if (model_names.count(name) == 0) {
+      throw std::runtime_error("the checkpoint holds " + name +
+                               ", which the model does not have: it is of another model; make model.* match its "
+                               "config");
+    }
+    GenericList holders = item.value().toGenericDict().at(c10::IValue(std::string("files"))).toList();
+    for (const c10::IValue& holder : holders) files_of[name].push_back((directory / holder.toStringRef()).string());
+  }
+  const GenericDict layout = checkpoint_dict(common, "parallel_layout", common_path.string());
+  same_layout = checkpoint_field(layout, "tensor_model_parallel_size", "parallel_layout").toInt() == tp &&
+                checkpoint_field(layout, "pipeline_model_parallel_size", "parallel_layout").toInt() == pp;
+  if (same_layout) own_file = (directory / relative_rank_file()).string();
+  std::set<std::string> needed;
+  for (const CheckpointParam& entry : params) {
+    for (const std::string& path : files_of.at(entry.source_name())) needed.insert(path);
+  }
+  if (!own_file.empty()) needed.insert(own_file);
+  for (const std::string& path : needed) files.emplace(path, LoadedFile{path, read_pickle(path)});
+  check_loadable(params, files, files_of, options);
+}
+
+// checkpoint.auto_resume's answer to a damaged latest checkpoint in checkpoint.save: the newest complete older one.
+// Rank 0 first sets the damaged iteration aside (renamed <iter>.damaged, kept for inspection) and points the tracker
+// at the older one, loudly: the tracker never moves back silently, and the next save's clean-up cannot take the
+// damaged iteration for a leftover. Collective. Returns nullopt on every rank when the run may not fall back (the
+// checkpoint was not auto-resume's choice); throws when there is nothing to fall back to.
+// `own_damage` is this rank's own finding ("" when another rank found the damage).
+std::optional<int64_t> fall_back_from_damaged(const CheckpointConfig& config, const Source& source,
+                                              const std::string& own_damage) {
+  // Only a checkpoint auto-resume chose: one that checkpoint.load or checkpoint.ckpt_step names was asked for.
+  std::error_code ignored;
+  const bool allowed = config.auto_resume && config.load.empty() && !config.ckpt_step && !source.weights_only &&
+                       !config.save.empty() && fs::equivalent(source.directory, config.save, ignored);
+  if (!allowed) return std::nullopt;
+  if (!own_damage.empty()) bridge::utils::logger().error("{}", own_damage);
+  const fs::path root = config.save;
+  int64_t older = -1;
+  if (parallel::get_rank() == 0) {
+    for (const auto& [iteration, complete] : checkpoint_iterations(root)) {
+      if (complete && iteration < source.iteration) older = iteration;  // ascending: the last one is the newest
+    }
+  }
+  torch::Tensor agreed = torch::tensor({older}, torch::kLong);
+  parallel::get_world_group().all_reduce(agreed, parallel::ReduceOp::kMax);
+  older = agreed.item<int64_t>();
+  const fs::path damaged = root / checkpoint_directory_name(source.iteration);
+  if (older < 0) {
+    throw DamagedFileError("checkpoint iteration " + std::to_string(source.iteration) + " in " + root.string() +
+                           " is damaged (see the errors above) and checkpoint.save holds no complete older "
+                           "checkpoint to fall back to; restore " +
+                           damaged.string() + " from a copy, or start afresh with a new checkpoint.save");
+  }
+  on_every_rank("setting the damaged checkpoint " + damaged.string() + " aside", [&] {
+    if (parallel::get_rank() != 0) return;
+    fs::path aside = damaged.string() + ".damaged";
+    for (int n = 2; fs::exists(fs::symlink_status(aside)); ++n)
+      aside = damaged.string() + ".damaged." + std::to_string(n);
+    fs::rename(damaged, aside);
+    bridge::utils::fsync_directory(root);
+    bridge::utils::write_file_durably(root / kTracker, std::to_string(older) + "\n");
+    bridge::utils::logger().error(
+        "checkpoint.auto_resume: checkpoint iteration {} is damaged; it is kept as {} for inspection, {} now names "
+        "iteration {} (the newest complete checkpoint before it), and training resumes from there",
+        source.iteration, aside.string(), kTracker, older);
+  });
+  return older;
 }
 
 }  // namespace
@@ -472,12 +593,6 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   options.optimizer = options.progress && !config.no_load_optim;
   options.rng = options.progress && !config.no_load_rng;
   options.optimizer_type = setup.config.optimizer.optimizer;
-  const fs::path directory = source->directory / checkpoint_directory_name(source->iteration);
-  if (parallel::get_rank() == 0) {
-    bridge::utils::logger().warn("{} checkpoint {} (chosen by {})",
-                                 source->weights_only ? "loading the weights of" : "resuming from", directory.string(),
-                                 source->origin);
-  }
 
   const std::vector<CheckpointParam> params = checkpoint_params(setup);
   GenericDict common = new_checkpoint_dict();
@@ -498,59 +613,38 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   }
   const std::vector<std::string> gathered = parallel::all_gather_strings(world, names.str());
 
-  const std::string what = "loading checkpoint " + directory.string();
-  try {
-    on_every_rank(what, [&] {
-      const fs::path common_path = directory / kCommon;
-      if (!fs::exists(common_path)) {
-        throw std::runtime_error(common_path.string() +
-                                 " is missing: the save of this iteration did not complete (or it is not a bridge "
-                                 "checkpoint). Choose a complete one with checkpoint.ckpt_step");
-      }
-      common = read_pickle(common_path);
-      const GenericDict index = checkpoint_dict(common, "tensors", common_path.string());
-      for (const c10::IValue& file : checkpoint_field(common, "files", common_path.string()).toListRef()) {
-        if (!fs::exists(directory / file.toStringRef())) {
-          throw std::runtime_error("the checkpoint's file " + (directory / file.toStringRef()).string() +
-                                   " is missing; copy the whole iteration directory, or choose another with "
-                                   "checkpoint.ckpt_step");
+  fs::path directory;
+  for (;;) {  // once, or again after an auto-resume fell back from a damaged checkpoint
+    directory = source->directory / checkpoint_directory_name(source->iteration);
+    if (parallel::get_rank() == 0) {
+      bridge::utils::logger().warn("{} checkpoint {} (chosen by {})",
+                                   source->weights_only ? "loading the weights of" : "resuming from",
+                                   directory.string(), source->origin);
+    }
+    common = new_checkpoint_dict();
+    files.clear();
+    files_of.clear();
+    own_file.clear();
+    const std::string what = "loading checkpoint " + directory.string();
+    std::string own_damage;
+    try {
+      on_every_rank(what, [&] {
+        try {
+          read_checkpoint_files(directory, gathered, params, options, tp, pp, common, files, files_of, same_layout,
+                                own_file);
+        } catch (const DamagedFileError& error) {
+          own_damage = in_context(what, bridge::utils::describe(error));
+          throw;
         }
-      }
-      std::set<std::string> model_names;
-      for (const std::string& text : gathered) {
-        std::istringstream in(text);
-        for (std::string line; std::getline(in, line);) model_names.insert(line);
-      }
-      for (const std::string& name : model_names) {
-        if (!index.contains(c10::IValue(name))) {
-          throw std::runtime_error("the checkpoint has no tensor " + name +
-                                   ", which the model has: it is of another model; make model.* match its config");
-        }
-      }
-      for (const auto& item : index) {
-        const std::string& name = item.key().toStringRef();
-        if (model_names.count(name) == 0) {
-          throw std::runtime_error("the checkpoint holds " + name +
-                                   ", which the model does not have: it is of another model; make model.* match its "
-                                   "config");
-        }
-        GenericList holders = item.value().toGenericDict().at(c10::IValue(std::string("files"))).toList();
-        for (const c10::IValue& holder : holders) files_of[name].push_back((directory / holder.toStringRef()).string());
-      }
-      const GenericDict layout = checkpoint_dict(common, "parallel_layout", common_path.string());
-      same_layout = checkpoint_field(layout, "tensor_model_parallel_size", "parallel_layout").toInt() == tp &&
-                    checkpoint_field(layout, "pipeline_model_parallel_size", "parallel_layout").toInt() == pp;
-      if (same_layout) own_file = (directory / relative_rank_file()).string();
-      std::set<std::string> needed;
-      for (const CheckpointParam& entry : params) {
-        for (const std::string& path : files_of.at(entry.source_name())) needed.insert(path);
-      }
-      if (!own_file.empty()) needed.insert(own_file);
-      for (const std::string& path : needed) files.emplace(path, LoadedFile{path, read_pickle(path)});
-      check_loadable(params, files, files_of, options);
-    });
-  } catch (const std::exception& error) {
-    throw std::runtime_error(in_context(what, error.what()));
+      });
+      break;
+    } catch (const DamagedFileError& error) {
+      const std::optional<int64_t> older = fall_back_from_damaged(config, *source, own_damage);
+      if (!older) throw DamagedFileError(in_context(what, bridge::utils::describe(error)));
+      source->iteration = *older;
+    } catch (const std::exception& error) {
+      throw std::runtime_error(in_context(what, bridge::utils::describe(error)));
+    }
   }
 
   // Nothing was modified so far; every rank's check passed.

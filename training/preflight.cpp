@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "parallel/process_group.h"
 #include "training/utils/cuda_memory.h"
 #include "training/utils/theoretical_memory.h"
+#include "utils/exception_message.h"
 #include "utils/logging.h"
 #include "utils/write_probe.h"
 
@@ -74,6 +76,27 @@ void check_output_paths(const ConfigContainer& config, int rank, int world_size)
   }
   if (!config.logging.jsonl_path.empty()) {
     bridge::utils::require_writable_file(config.logging.jsonl_path, "logging.jsonl_path");
+  }
+}
+
+// What the run is told to read must be there: a checkpoint.load that does not exist is a typo or a missing mount, not
+// a fresh start (checkpoint.auto_resume covers a job that resumes only once checkpoints exist).
+void check_input_paths(const ConfigContainer& config) {
+  std::error_code error;
+  const std::string& load = config.checkpoint.load;
+  if (!load.empty() && !std::filesystem::is_directory(load, error)) {
+    throw std::invalid_argument(
+        "checkpoint.load: no directory at '" + load +
+        "'; point it at a directory that checkpoint.save wrote, or, for a job that resumes only when checkpoints "
+        "exist, unset it and set checkpoint.auto_resume=true with checkpoint.save");
+  }
+  const std::string& pretrained = config.checkpoint.pretrained_checkpoint;
+  const std::string hf_prefix = "hf:";
+  const std::string pretrained_dir =
+      pretrained.rfind(hf_prefix, 0) == 0 ? pretrained.substr(hf_prefix.size()) : pretrained;
+  if (!pretrained.empty() && !std::filesystem::is_directory(pretrained_dir, error)) {
+    throw std::invalid_argument("checkpoint.pretrained_checkpoint: no directory at '" + pretrained_dir +
+                                "'; point it at a checkpoint directory (or hf:<a Hugging Face model directory>)");
   }
 }
 
@@ -145,11 +168,12 @@ int preflight(const ConfigContainer& config, const torch::Device& device) {
   const parallel::LaunchEnv& env = parallel::get_launch_env();
   std::string failure;
   try {
+    check_input_paths(config);
     check_output_paths(config, rank, world_size);
     check_checkpoint_space(config, world_size, env);
     check_memory(config, world_size, device, env);
   } catch (const std::exception& error) {
-    failure = error.what();
+    failure = bridge::utils::describe(error);
   }
   const std::vector<std::string> failures = parallel::all_gather_strings(parallel::get_world_group(), failure);
   for (std::size_t source = 0; source < failures.size(); ++source) {

@@ -1,14 +1,17 @@
 // load_saved_weights: common.pt's index names the files holding each tensor; each file's shard metadata places its
-// slice in the global tensor.
+// slice in the global tensor. verify_checkpoint: every file of an iteration, read through the verifying loader.
 #include "training/saved_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 
 #include "parallel/dist_checkpointing/sharded_tensor.h"
 #include "training/checkpoint_state.h"
 #include "training/checkpointing.h"
 #include "training/config_yaml.h"
+#include "utils/exception_message.h"
 #include "utils/torch_pickle.h"
 
 namespace bridge::training {
@@ -84,6 +87,55 @@ SavedWeights load_saved_weights(const std::string& directory, std::optional<int6
     saved.tensors.emplace(name, std::move(global));
   }
   return saved;
+}
+
+std::vector<VerifiedFile> verify_checkpoint(const std::string& iteration_directory) {
+  const fs::path root = iteration_directory;
+  std::error_code error;
+  if (!fs::is_directory(root, error)) {
+    throw std::runtime_error(iteration_directory +
+                             " is not a directory; give a checkpoint iteration directory "
+                             "(<checkpoint.save>/iter_XXXXXXX) or a checkpoint.save directory");
+  }
+  std::set<std::string> paths{"common.pt"};
+  for (auto it = fs::recursive_directory_iterator(root, error); !error && it != fs::recursive_directory_iterator();
+       it.increment(error)) {
+    if (it->is_regular_file() && it->path().extension() == ".pt") paths.insert(fs::relative(it->path(), root));
+  }
+  if (error) throw std::runtime_error("cannot list " + iteration_directory + ": " + error.message());
+  std::vector<VerifiedFile> verified;
+  std::set<std::string> listed;
+  for (const std::string& path : paths) {
+    VerifiedFile file{path, "", ""};
+    if (!fs::exists(root / path)) {
+      file.problem = "missing: the save of this iteration did not complete, or the copy is partial";
+      verified.push_back(file);
+      continue;
+    }
+    try {
+      bridge::utils::ZipCheck check = bridge::utils::ZipCheck::kEntries;
+      const c10::IValue value = bridge::utils::load_torch_pickle(root / path, &check);
+      file.checked = check == bridge::utils::ZipCheck::kWholeFile ? "whole-file CRC32" : "CRC32 of every entry";
+      if (path == "common.pt" && value.isGenericDict()) {
+        const GenericDict common = value.toGenericDict();
+        auto files = common.find(c10::IValue(std::string("files")));
+        if (files != common.end() && files->value().isList()) {
+          for (const c10::IValue& name : files->value().toListRef()) {
+            if (name.isString()) listed.insert(name.toStringRef());
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      file.problem = bridge::utils::describe(e);
+    }
+    verified.push_back(file);
+  }
+  for (const std::string& path : listed) {
+    if (paths.count(path) == 0) {
+      verified.push_back(VerifiedFile{path, "missing: common.pt lists it; copy the whole iteration directory", ""});
+    }
+  }
+  return verified;
 }
 
 }  // namespace bridge::training

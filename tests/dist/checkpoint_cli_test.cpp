@@ -1,0 +1,212 @@
+// Damaged checkpoints as a user meets them, through bridge-pretrain and bridge-checkpoint: bytes flipped in a rank
+// file or common.pt are named as damage on every rank and nothing is trained on them; checkpoint.auto_resume falls
+// back to the newest complete older checkpoint loudly (the damaged one kept aside, the tracker moved in the open) and
+// resumes bit-exact from it; bridge-checkpoint verify names the damaged file; a truncated file's error carries no
+// C++ backtrace; a checkpoint.load that does not exist exits 2.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/dist/spawn.h"
+
+namespace bridge::testing {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+constexpr const char* kPretrain = BRIDGE_PRETRAIN;
+constexpr const char* kCheckpoint = BRIDGE_CHECKPOINT;
+constexpr std::chrono::seconds kDeadline(300);
+constexpr char kRankFile[] = "iter_0000020/mp_rank_00/model_optim_rng.pt";
+
+class DamagedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("bridge_damaged_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "cache");
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  fs::path save() const { return root_ / "ckpt"; }
+
+  // The embedded tiny recipe (a rank file of several MB), saving every 10 iterations.
+  RankResult pretrain(int iterations, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> argv = {kPretrain,
+                                     "train.train_iters=" + std::to_string(iterations),
+                                     "train.eval_interval=0",
+                                     "logging.log_interval=1",
+                                     "train.num_threads=1",
+                                     "checkpoint.save=" + save().string(),
+                                     "checkpoint.save_interval=10"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_command(argv, kDeadline, {{"XDG_CACHE_HOME", (root_ / "cache").string()}});
+  }
+
+  RankResult verify(std::vector<std::string> extra = {}) const {
+    std::vector<std::string> argv = {kCheckpoint, "verify", save().string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_command(argv, kDeadline);
+  }
+
+  fs::path root_;
+};
+
+// What the tester did: 16 bytes flipped at offset 300000 of a rank file.
+void flip(const fs::path& path, std::size_t offset, std::size_t count) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(file) << path;
+  for (std::size_t i = 0; i < count; ++i) {
+    file.seekg(static_cast<std::streamoff>(offset + i));
+    const int byte = file.get();
+    ASSERT_NE(byte, EOF) << path << " has fewer than " << offset + count << " bytes";
+    file.seekp(static_cast<std::streamoff>(offset + i));
+    file.put(static_cast<char>(byte ^ 0xFF));
+  }
+}
+
+std::string tracker(const fs::path& save) {
+  std::ifstream in(save / "latest_checkpointed_iteration.txt");
+  std::string text;
+  in >> text;
+  return text;
+}
+
+// "iteration N/ M ... lm loss: X" of the training log, by iteration.
+std::map<int, std::string> losses(const std::string& output) {
+  std::map<int, std::string> found;
+  const std::regex pattern("iteration +([0-9]+)/ +[0-9]+ .*? lm loss: ([-+0-9.eE]+)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), pattern); it != std::sregex_iterator(); ++it) {
+    found[std::stoi((*it)[1])] = (*it)[2];
+  }
+  return found;
+}
+
+TEST_F(DamagedCheckpoint, FlippedBytesAreNamedNeverTrainedOnAndAutoResumeFallsBack) {
+  const RankResult first = pretrain(20);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::map<int, std::string> first_losses = losses(first.output);
+  ASSERT_EQ(first_losses.size(), 20U) << first.output;
+  flip(save() / kRankFile, 300000, 16);
+
+  const RankResult verified = verify();
+  EXPECT_EQ(verified.exit_code, 1) << verified.output;
+  EXPECT_THAT(verified.output, HasSubstr("DAMAGED  mp_rank_00/model_optim_rng.pt"));
+  EXPECT_THAT(verified.output, HasSubstr("ok       common.pt (whole-file CRC32)"));
+
+  // An explicit load of it: an error naming the file, and nothing written.
+  const auto before = fs::last_write_time(save() / kRankFile);
+  const RankResult refused = pretrain(30, {"checkpoint.load=" + save().string()});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr((save() / kRankFile).string() + " is damaged"));
+  EXPECT_THAT(refused.output, Not(HasSubstr("Exception raised from")));
+  EXPECT_EQ(tracker(save()), "20");
+  EXPECT_FALSE(fs::exists(save() / "iter_0000030"));
+  EXPECT_EQ(fs::last_write_time(save() / kRankFile), before);
+
+  // Auto-resume: loudly back to iteration 10, the damaged one kept aside, then the same losses as the first run.
+  const RankResult resumed = pretrain(30, {"checkpoint.auto_resume=true"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr((save() / kRankFile).string() + " is damaged"));
+  EXPECT_THAT(resumed.output, HasSubstr("checkpoint iteration 20 is damaged; it is kept as " +
+                                        (save() / "iter_0000020.damaged").string()));
+  EXPECT_TRUE(fs::exists(save() / "iter_0000020.damaged" / "mp_rank_00" / "model_optim_rng.pt"));
+  const std::map<int, std::string> resumed_losses = losses(resumed.output);
+  ASSERT_EQ(resumed_losses.size(), 20U) << resumed.output;  // iterations 11..30
+  for (int iteration = 11; iteration <= 20; ++iteration) {
+    EXPECT_EQ(resumed_losses.at(iteration), first_losses.at(iteration)) << "iteration " << iteration;
+  }
+  EXPECT_EQ(tracker(save()), "30");
+  const RankResult clean = verify();
+  EXPECT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_THAT(clean.output, HasSubstr("iter_0000030"));
+}
+
+// common.pt damaged: named as damage (it used to read as "a checkpoint of another model").
+TEST_F(DamagedCheckpoint, DamagedCommonIsNamedAsDamage) {
+  ASSERT_EQ(pretrain(10).exit_code, 0);
+  const fs::path common = save() / "iter_0000010" / "common.pt";
+  flip(common, fs::file_size(common) / 2, 1);
+  const RankResult refused = pretrain(20, {"checkpoint.load=" + save().string()});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr(common.string() + " is damaged"));
+  EXPECT_THAT(refused.output, Not(HasSubstr("another model")));
+  // Nothing older to fall back to: auto-resume says so and fails.
+  const RankResult alone = pretrain(20, {"checkpoint.auto_resume=true"});
+  EXPECT_EQ(alone.exit_code, 1) << alone.output;
+  EXPECT_THAT(alone.output, HasSubstr("holds no complete older checkpoint to fall back to"));
+  EXPECT_EQ(tracker(save()), "10");
+}
+
+TEST_F(DamagedCheckpoint, ATruncatedFileIsDamageWithoutABacktrace) {
+  ASSERT_EQ(pretrain(10).exit_code, 0);
+  const fs::path file = save() / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt";
+  fs::resize_file(file, fs::file_size(file) / 2);
+  const RankResult refused = pretrain(20, {"checkpoint.load=" + save().string()});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr(file.string() + " is damaged"));
+  EXPECT_THAT(refused.output, Not(HasSubstr("Exception raised from")));
+  EXPECT_THAT(refused.output, Not(HasSubstr("frame #")));
+  const RankResult verified = verify({"--iteration", "10"});
+  EXPECT_EQ(verified.exit_code, 1) << verified.output;
+  fs::remove(file);
+  const RankResult missing = verify();
+  EXPECT_EQ(missing.exit_code, 1) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("mp_rank_00/model_optim_rng.pt: missing"));
+}
+
+TEST_F(DamagedCheckpoint, ALoadThatDoesNotExistExits2) {
+  const RankResult refused = pretrain(5, {"checkpoint.load=" + (root_ / "no_such_dir").string()});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("checkpoint.load: no directory at '" + (root_ / "no_such_dir").string()));
+  EXPECT_THAT(refused.output, HasSubstr("checkpoint.auto_resume=true"));
+  const RankResult usage = run_command({kCheckpoint, "verify", (root_ / "no_such_dir").string()}, kDeadline);
+  EXPECT_EQ(usage.exit_code, 2) << usage.output;
+}
+
+// Two ranks (tp=2): the damage is in rank 1's file; both ranks fail, rank 1 naming it; auto-resume falls back on both.
+TEST_F(DamagedCheckpoint, EveryRankAgreesOnDamageFoundByOne) {
+  const std::vector<std::string> args = {"parallelism.tensor_model_parallel_size=2",
+                                         "model.num_layers=2",
+                                         "model.hidden_size=32",
+                                         "train.num_threads=1",
+                                         "train.eval_interval=0",
+                                         "parallelism.timeout=2min",
+                                         "checkpoint.save=" + save().string(),
+                                         "checkpoint.save_interval=10"};
+  const auto run = [&](int iterations, std::vector<std::string> extra) {
+    std::vector<std::string> all = args;
+    all.push_back("train.train_iters=" + std::to_string(iterations));
+    all.insert(all.end(), extra.begin(), extra.end());
+    return run_ranks(kPretrain, all, 2, kDeadline, {{"XDG_CACHE_HOME", (root_ / "cache").string()}});
+  };
+  const std::vector<RankResult> first = run(20, {});
+  ASSERT_EQ(first[0].exit_code, 0) << describe(first);
+  ASSERT_EQ(first[1].exit_code, 0) << describe(first);
+  const fs::path theirs = save() / "iter_0000020" / "mp_rank_01" / "model_optim_rng.pt";
+  flip(theirs, fs::file_size(theirs) - 100, 1);
+  const std::vector<RankResult> refused = run(30, {"checkpoint.load=" + save().string()});
+  EXPECT_EQ(refused[0].exit_code, 1) << describe(refused);
+  EXPECT_EQ(refused[1].exit_code, 1) << describe(refused);
+  EXPECT_THAT(refused[1].output, HasSubstr(theirs.string() + " is damaged"));
+  // Rank 0 names rank 1's failure, or the file itself where it reads that file too (replicated parameters).
+  EXPECT_THAT(refused[0].output, AnyOf(HasSubstr("failed on rank(s) 1"), HasSubstr(theirs.string() + " is damaged")));
+  const std::vector<RankResult> resumed = run(30, {"checkpoint.auto_resume=true"});
+  EXPECT_EQ(resumed[0].exit_code, 0) << describe(resumed);
+  EXPECT_EQ(resumed[1].exit_code, 0) << describe(resumed);
+  EXPECT_TRUE(fs::exists(save() / "iter_0000020.damaged"));
+  EXPECT_EQ(tracker(save()), "30");
+}
+
+}  // namespace
+}  // namespace bridge::testing
