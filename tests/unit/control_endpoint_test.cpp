@@ -332,6 +332,24 @@ TEST_F(ControlEndpointTest, PostsThatNoStepWouldTakeGet409) {
   EXPECT_THAT(after_the_last->body, HasSubstr("training is finishing (2 steps done)"));
 }
 
+// A port in use is an error naming the address and the fix, not a server that never answers.
+TEST_F(ControlEndpointTest, APortInUseIsAClearError) {
+  start();
+  ControlEndpointOptions options;
+  options.port = endpoint_->port();
+  ControlEndpoint second(options);
+  CallbackContext ctx(state_, model_, manager_.user_state());
+  try {
+    second.on_train_start(ctx);
+    ADD_FAILURE() << "two servers on port " << options.port;
+  } catch (const std::runtime_error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(options.port)));
+    EXPECT_THAT(error.what(), HasSubstr("choose another ControlEndpoint.port"));
+  }
+  EXPECT_EQ(second.port(), 0);
+  EXPECT_EQ(client_->Get("/status")->status, 200);  // the first serves on
+}
+
 // A run that ends right after it starts: the server's threads may not have run yet when it is stopped, and the join in
 // on_train_end must not hang (with cpp-httplib, whose stop() did nothing until its accept loop ran, it did once in
 // CI). Many cycles make the window likely.

@@ -9,14 +9,16 @@
 // The server (HttpServer, on Boost.Beast) runs on background threads of the last rank (the one that holds the losses
 // and prints the log) from on_train_start to on_train_end. A POST is queued and taken at the next step's end as the
 // matching control request, which the loop agrees on across ranks, so every rank stops, saves or aborts after the
-// same step: the one its 202 reply names as "after_step". Statuses: 202 accepted, 400 malformed, 401 no or wrong
-// token, 404 unknown path, 405 wrong method (with Allow), 409 training not running (or already stopping), 413 body
-// over max_body_bytes (sized or chunked, refused while read), 431 head over 8 KiB. A POST without a body needs no
-// Content-Length (curl -X POST). It binds
-// 127.0.0.1 by default; binding any other address needs a bearer token, read from `token_file` or the environment
-// variable named by `token_env` (never from the config, never logged). When a token is set every request must carry
-// "Authorization: Bearer <token>"; one that does not gets 401 and changes nothing. The bound address is logged and,
-// with `endpoint_file`, written there (port 0 picks a free port).
+// same step: the one its 202 reply names as "after_step". It binds 127.0.0.1 by default; binding any other address
+// needs a bearer token, read from `token_file` or the environment variable named by `token_env` (never from the
+// config, never logged). When a token is set every request must carry "Authorization: Bearer <token>"; one that does
+// not gets 401 and changes nothing. The bound address is logged and, with `endpoint_file`, written there (port 0
+// picks a free port).
+//
+// Statuses: 202 accepted; 400 malformed (or HTTP/1.1 without Host); 401 no or wrong token; 404 unknown path; 405 a
+// method the path does not serve (with Allow); 409 no step will take the POST (training not running, a stop already
+// taken, or the last step done); 413 a body over max_body_bytes, sized or chunked, refused while it is read; 431 a
+// request line and header fields over 8 KiB. A POST without a body needs no Content-Length (curl -X POST).
 #pragma once
 
 #include <atomic>

@@ -49,6 +49,7 @@ struct HttpServer::Impl {
   asio::steady_timer accept_retry{io};
   std::vector<std::thread> threads;
   std::atomic<bool> stopped{false};
+  int port = 0;  // read once bound: the acceptor is the threads' from then on
 };
 
 namespace {
@@ -294,6 +295,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRoutes routes)
     impl.acceptor.close(ignored);
   }
   if (!impl.acceptor.is_open()) throw std::runtime_error("cannot listen on " + where + ": " + failure);
+  impl.port = impl.acceptor.local_endpoint().port();
   impl.accept();
   const int threads = std::max(1, impl.options.threads);
   for (int i = 0; i < threads; ++i) impl.threads.emplace_back([&impl] { impl.io.run(); });
@@ -301,11 +303,7 @@ HttpServer::HttpServer(HttpServerOptions options, HttpRoutes routes)
 
 HttpServer::~HttpServer() { stop(); }
 
-int HttpServer::port() const noexcept {
-  beast::error_code ec;
-  const tcp::endpoint local = impl_->acceptor.local_endpoint(ec);
-  return ec ? 0 : local.port();
-}
+int HttpServer::port() const noexcept { return impl_->port; }
 
 void HttpServer::stop() noexcept {
   if (impl_->stopped.exchange(true)) return;
