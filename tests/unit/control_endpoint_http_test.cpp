@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/control_endpoint_test_support.h"
@@ -167,6 +169,24 @@ TEST_F(ControlEndpointTest, ExpectContinueGetsTheGoAheadOrAnEarly413) {
   const std::vector<ControlRequest> requests = step_end();
   ASSERT_THAT(requests, SizeIs(1));
   EXPECT_EQ(requests[0].reason, "POST /save from 127.0.0.1: late");
+}
+
+// Connections past the limit (32) get 503 at once instead of a thread or a queue slot each; closed ones free theirs.
+TEST_F(ControlEndpointTest, ConnectionsPastTheLimitGet503) {
+  start();
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 32; ++i) idle.push_back(std::make_unique<RawClient>(endpoint_->port()));
+  RawClient extra(endpoint_->port());
+  extra.send("GET /status HTTP/1.1\r\nHost: x\r\n\r\n");
+  const RawClient::Response busy = extra.read_response();
+  EXPECT_EQ(busy.status, 503) << busy.head;
+  idle.clear();
+  int status = 0;
+  for (int attempt = 0; attempt < 100 && status != 200; ++attempt) {  // the server sees the closes within moments
+    std::this_thread::sleep_for(10ms);
+    if (const auto reply = client_->Get("/status")) status = reply->status;
+  }
+  EXPECT_EQ(status, 200);
 }
 
 }  // namespace
