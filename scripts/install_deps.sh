@@ -44,7 +44,10 @@ packages=(
   libbenchmark-dev      # micro-benchmarks
   clang libclang-rt-14-dev  # the libFuzzer targets (fuzz/, scripts/fuzz.sh): clang and its fuzzer runtime
   nlohmann-json3-dev    # JSON Lines metric writer, JSON input of bridge-preprocess-data (header-only)
-  libcpp-httplib-dev    # the ControlEndpoint callback's HTTP server (and the tests' client)
+  libboost-dev          # Boost.Beast (header-only): the ControlEndpoint's HTTP/1.1 server. Its parser caps the head
+                        # (431) and chunked bodies (413) while reading; Debian's cpp-httplib 0.11 buffers both unbounded
+  libcpp-httplib-dev    # the HTTP client of the ControlEndpoint tests
+  curl                  # the ControlEndpoint test drives the endpoint with the real curl, as users do
   prometheus-cpp-dev    # ControlEndpoint's GET /metrics in Prometheus' text format
   libconcurrentqueue-dev  # the async observers' lock-free queue (header-only)
   python3-torch         # Python reference for parity checks, and torchrun

@@ -325,7 +325,7 @@ TEST(GptBuiltins, TextGeneratorAgreesAcrossLayoutsAndTheProfilerTracesEveryRank)
 }
 
 // A stop POSTed to the control endpoint of a running 2-rank job (served by rank 1) ends both ranks after the same
-// step, long before train_iters.
+// step, the one its 202 names, long before train_iters.
 TEST(GptBuiltins, AStopPostedToTheControlEndpointEndsEveryRankAtTheSameStep) {
   const fs::path directory = fresh_directory("endpoint");
   std::vector<RankResult> results;
@@ -341,6 +341,7 @@ TEST(GptBuiltins, AStopPostedToTheControlEndpointEndsEveryRankAtTheSameStep) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   bool posted = false;
+  int64_t after_step = -1;  // the step the 202 says the stop follows
   if (port > 0) {
     httplib::Client client("127.0.0.1", port);
     int64_t step = 0;
@@ -352,6 +353,7 @@ TEST(GptBuiltins, AStopPostedToTheControlEndpointEndsEveryRankAtTheSameStep) {
     }
     const auto stop = client.Post("/stop", "from the test", "text/plain");
     posted = stop && stop->status == 202;
+    if (posted) after_step = nlohmann::json::parse(stop->body)["after_step"].get<int64_t>();
   }
   job.join();
   EXPECT_GT(port, 0) << describe(results);
@@ -365,6 +367,7 @@ TEST(GptBuiltins, AStopPostedToTheControlEndpointEndsEveryRankAtTheSameStep) {
     ended.push_back(std::stoll(result.output.substr(at + 14)));
   }
   EXPECT_EQ(ended[0], ended[1]) << describe(results);
+  EXPECT_EQ(ended[0], after_step) << describe(results);
   EXPECT_GE(ended[0], 3);
   EXPECT_LT(ended[0], 3000);
   EXPECT_THAT(results[0].output, HasSubstr("callback 'ControlEndpoint' asked to stop during on_train_step_end: POST "

@@ -1,8 +1,9 @@
-// ControlEndpoint against a real HTTP client over loopback (cpp-httplib's): status and Prometheus metrics from the
-// last log step, POSTs that become control requests at the next step's end, bearer-token auth (401 changes
-// nothing), wrong methods, unknown paths, oversized and malformed requests, many concurrent clients, and the server
-// gone when training ends. Across ranks, a stop sent to a running job ends every rank at the same step:
-// gpt_dist_test's GptBuiltins.
+// ControlEndpoint against real HTTP clients over loopback (cpp-httplib's and the curl binary): status and Prometheus
+// metrics from the last log step, POSTs that become control requests at the next step's end, the step a 202 names
+// against a real pretrain() run, 409 when no step would take a POST, bearer-token auth (401 changes nothing), wrong
+// methods, unknown paths, oversized requests, many concurrent clients, and the server gone when training ends. The
+// wire-level cases (raw sockets) are in control_endpoint_http_test.cpp. Across ranks, a stop sent to a running job
+// ends every rank at the same step: gpt_dist_test's GptBuiltins.
 #include "training/callbacks/control_endpoint.h"
 
 #include <arpa/inet.h>
@@ -14,6 +15,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "bridge/bridge.h"
+#include "tests/unit/control_endpoint_test_support.h"
 #include "training/callbacks/callback_manager.h"
 #include "training/config.h"
 
@@ -30,54 +35,10 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
+using namespace std::chrono_literals;
+using testing::ControlEndpointTest;
 
-// A manager with one ControlEndpoint and the events the loop fires at it.
-class EndpointTest : public ::testing::Test {
- protected:
-  void start(ControlEndpointOptions options = {}) {
-    endpoint_ = std::make_shared<ControlEndpoint>(std::move(options));
-    manager_.add(endpoint_);
-    config_.train.train_iters = 100;
-    state_.cfg = &config_;
-    fire(Event::kTrainStart);
-    ASSERT_GT(endpoint_->port(), 0);
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", endpoint_->port());
-    client_->set_connection_timeout(5);
-    client_->set_read_timeout(5);
-  }
-  void TearDown() override {
-    if (endpoint_ && endpoint_->port() > 0) fire(Event::kTrainEnd);
-  }
-  template <class Fill>
-  void fire(Event event, Fill&& fill) {
-    CallbackContext ctx(state_, model_, manager_.user_state());
-    fill(ctx);
-    manager_.fire(event, ctx);
-  }
-  void fire(Event event) {
-    fire(event, [](CallbackContext&) {});
-  }
-  void log(std::map<std::string, double> metrics) {
-    LogRecord record;
-    record.metrics = std::move(metrics);
-    fire(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
-  }
-  // A step's end, where queued commands become requests; returns them.
-  std::vector<ControlRequest> step_end() {
-    fire(Event::kTrainStepEnd);
-    state_.train_state.step += 1;
-    return manager_.control().take();
-  }
-
-  CallbackManager manager_;
-  ConfigContainer config_;
-  GlobalState state_;
-  ModelChunks model_;
-  std::shared_ptr<ControlEndpoint> endpoint_;
-  std::unique_ptr<httplib::Client> client_;
-};
-
-TEST_F(EndpointTest, StatusAndMetricsShowTheLastLogStep) {
+TEST_F(ControlEndpointTest, StatusAndMetricsShowTheLastLogStep) {
   start();
   state_.train_state.step = 7;
   log({{"lm loss", 3.5}, {"learning-rate", 1e-4}, {"throughput/tokens_per_sec", 1234.0}});
@@ -110,31 +71,32 @@ TEST_F(EndpointTest, StatusAndMetricsShowTheLastLogStep) {
   EXPECT_THAT(metrics->body, HasSubstr("bridge_step 8\n"));
 }
 
-TEST_F(EndpointTest, PostsBecomeControlRequestsAtTheNextStepEnd) {
+TEST_F(ControlEndpointTest, PostsBecomeControlRequestsAtTheNextStepEnd) {
   start();
+  const auto save = client_->Post("/save", "before the learning-rate drop", "text/plain");
+  ASSERT_TRUE(save);
+  EXPECT_EQ(save->status, 202);
+  EXPECT_EQ(nlohmann::json::parse(save->body)["accepted"], "save");
+  const std::vector<ControlRequest> saves = step_end();
+  ASSERT_THAT(saves, SizeIs(1));
+  EXPECT_EQ(saves[0].action, ControlAction::kSave);
+  EXPECT_EQ(saves[0].callback, "ControlEndpoint");
+  EXPECT_EQ(saves[0].event, Event::kTrainStepEnd);
+  EXPECT_EQ(saves[0].reason, "POST /save from 127.0.0.1: before the learning-rate drop");
+  EXPECT_THAT(step_end(), IsEmpty());  // taken once
   const auto stop = client_->Post("/stop", "", "text/plain");
   ASSERT_TRUE(stop);
   EXPECT_EQ(stop->status, 202);
   EXPECT_EQ(nlohmann::json::parse(stop->body)["accepted"], "stop");
-  const auto save = client_->Post("/save", "before the learning-rate drop", "text/plain");
-  ASSERT_TRUE(save);
-  EXPECT_EQ(save->status, 202);
-  const std::vector<ControlRequest> requests = step_end();
-  ASSERT_THAT(requests, SizeIs(2));
-  EXPECT_EQ(requests[0].action, ControlAction::kStop);
-  EXPECT_EQ(requests[0].callback, "ControlEndpoint");
-  EXPECT_EQ(requests[0].event, Event::kTrainStepEnd);
-  EXPECT_EQ(requests[0].reason, "POST /stop from 127.0.0.1");
-  EXPECT_EQ(requests[1].action, ControlAction::kSave);
-  EXPECT_EQ(requests[1].reason, "POST /save from 127.0.0.1: before the learning-rate drop");
-  EXPECT_THAT(step_end(), IsEmpty());  // taken once
   ASSERT_EQ(client_->Post("/abort", "", "text/plain")->status, 202);
-  const auto abort = step_end();
-  ASSERT_THAT(abort, SizeIs(1));
-  EXPECT_EQ(abort[0].action, ControlAction::kAbort);
+  const std::vector<ControlRequest> requests = step_end();
+  ASSERT_THAT(requests, SizeIs(2));  // in the order they came
+  EXPECT_EQ(requests[0].action, ControlAction::kStop);
+  EXPECT_EQ(requests[0].reason, "POST /stop from 127.0.0.1");
+  EXPECT_EQ(requests[1].action, ControlAction::kAbort);
 }
 
-TEST_F(EndpointTest, WithATokenEveryRequestWithoutItGets401AndChangesNothing) {
+TEST_F(ControlEndpointTest, WithATokenEveryRequestWithoutItGets401AndChangesNothing) {
   ASSERT_EQ(::setenv("BRIDGE_TEST_CONTROL_TOKEN", "s3cret-token", 1), 0);
   ControlEndpointOptions options;
   options.token_env = "BRIDGE_TEST_CONTROL_TOKEN";
@@ -184,7 +146,7 @@ TEST(ControlEndpointOptions, AnotherAddressThanLoopbackNeedsAToken) {
   EXPECT_THROW(ControlEndpoint{options}, std::invalid_argument);
 }
 
-TEST_F(EndpointTest, WrongMethodsUnknownPathsOversizedAndMalformedRequests) {
+TEST_F(ControlEndpointTest, WrongMethodsUnknownPathsOversizedAndMalformedRequests) {
   ControlEndpointOptions options;
   options.max_body_bytes = 16;
   start(options);
@@ -221,7 +183,7 @@ TEST_F(EndpointTest, WrongMethodsUnknownPathsOversizedAndMalformedRequests) {
   EXPECT_EQ(client_->Get("/status")->status, 200);
 }
 
-TEST_F(EndpointTest, ManyConcurrentClientsWhileTrainingLogs) {
+TEST_F(ControlEndpointTest, ManyConcurrentClientsWhileTrainingLogs) {
   start();
   std::atomic<bool> done{false};
   std::thread trainer([&] {
@@ -253,7 +215,7 @@ TEST_F(EndpointTest, ManyConcurrentClientsWhileTrainingLogs) {
   EXPECT_THAT(step_end(), SizeIs(2));
 }
 
-TEST_F(EndpointTest, TheServerEndsWithTrainingAndTheEndpointFileNamesIt) {
+TEST_F(ControlEndpointTest, TheServerEndsWithTrainingAndTheEndpointFileNamesIt) {
   const std::filesystem::path file = std::filesystem::temp_directory_path() / "bridge_endpoint_test.url";
   ControlEndpointOptions options;
   options.endpoint_file = file.string();
@@ -271,9 +233,127 @@ TEST_F(EndpointTest, TheServerEndsWithTrainingAndTheEndpointFileNamesIt) {
   std::filesystem::remove(file);
 }
 
-// A run that ends right after it starts: cpp-httplib's stop() is a no-op until the accept loop runs, so without the
-// wait in on_train_start the join in on_train_end could hang (it did once in CI). Many cycles make the window likely.
-TEST_F(EndpointTest, AServerStoppedAsSoonAsItStartsEnds) {
+// The same with the real curl, as the README tells users to run it.
+TEST_F(ControlEndpointTest, TheRealCurlSavesAtOnce) {
+  if (std::system("command -v curl >/dev/null 2>&1") != 0) GTEST_SKIP() << "no curl here (scripts/install_deps.sh)";
+  start();
+  const std::string command =
+      "curl -sS -m 4 -X POST -w ' %{http_code}' http://127.0.0.1:" + std::to_string(endpoint_->port()) + "/save";
+  const auto started = std::chrono::steady_clock::now();
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  ASSERT_EQ(::pclose(pipe), 0) << output;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  EXPECT_THAT(output, HasSubstr("\"accepted\":\"save\",\"after_step\":1}\n 202"));
+  const std::vector<ControlRequest> requests = step_end();
+  ASSERT_THAT(requests, SizeIs(1));
+  EXPECT_EQ(requests[0].action, ControlAction::kSave);
+}
+
+// Posts from inside a real run: one while step 3 runs (at its start) and one just after step 6's end (this callback
+// comes after the endpoint); each 202's after_step must be the step the save or the stop then follows.
+class PostDuringTheRun : public Callback {
+ public:
+  explicit PostDuringTheRun(std::shared_ptr<ControlEndpoint> endpoint) : endpoint_(std::move(endpoint)) {}
+  void on_train_step_start(CallbackContext& ctx) override {
+    if (ctx.state.train_state.step == 2) save_after = post("/save");
+  }
+  void on_train_step_end(CallbackContext& ctx) override {
+    if (ctx.state.train_state.step == 5) stop_after = post("/stop");
+  }
+  void on_checkpoint_save(CallbackContext& ctx) override { saved_at.push_back(ctx.state.train_state.step); }
+
+  int64_t save_after = -1, stop_after = -1;
+  std::vector<int64_t> saved_at;
+
+ private:
+  int64_t post(const std::string& path) {
+    httplib::Client client("127.0.0.1", endpoint_->port());
+    const auto reply = client.Post(path, "", "text/plain");
+    if (!reply || reply->status != 202) return -1;
+    return nlohmann::json::parse(reply->body)["after_step"].get<int64_t>();
+  }
+  std::shared_ptr<ControlEndpoint> endpoint_;
+};
+
+TEST(ControlEndpointRun, TheStepA202NamesIsTheStepTheActionFollows) {
+  const std::filesystem::path save =
+      std::filesystem::temp_directory_path() / ("bridge_endpoint_run_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(save);
+  ConfigContainer config;
+  config.model.num_layers = 1;
+  config.model.hidden_size = 16;
+  config.model.num_attention_heads = 2;
+  config.model.vocab_size = 64;
+  config.model.seq_length = 8;
+  config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 2;
+  config.train.num_threads = 1;
+  config.train.train_iters = 50;
+  config.checkpoint.save = save.string();
+  auto endpoint = std::make_shared<ControlEndpoint>();
+  auto poster = std::make_shared<PostDuringTheRun>(endpoint);
+  auto manager = std::make_shared<CallbackManager>();
+  manager->add({endpoint, poster});
+  const TrainState state = pretrain(config, gpt_forward_step, manager);
+  EXPECT_EQ(poster->save_after, 3);
+  EXPECT_EQ(poster->stop_after, 7);
+  EXPECT_EQ(state.step, poster->stop_after) << "the run stopped after another step than the reply named";
+  ASSERT_FALSE(poster->saved_at.empty());
+  EXPECT_EQ(poster->saved_at.front(), poster->save_after) << "saved after another step than the reply named";
+  std::filesystem::remove_all(save);
+}
+
+// Once a stop is taken, or the last step is done, no later step will take a POST: 409 rather than a 202 naming a
+// step that never comes.
+TEST_F(ControlEndpointTest, PostsThatNoStepWouldTakeGet409) {
+  start();
+  ASSERT_EQ(client_->Post("/stop", "", "text/plain")->status, 202);
+  ASSERT_THAT(step_end(), SizeIs(1));
+  const auto late = client_->Post("/save", "", "text/plain");
+  ASSERT_TRUE(late);
+  EXPECT_EQ(late->status, 409);
+  EXPECT_THAT(late->body, HasSubstr("training is stopping (1 steps done)"));
+  fire(Event::kTrainEnd);
+
+  config_.train.train_iters = 2;
+  state_.train_state.step = 0;
+  fire(Event::kTrainStart);
+  client_ = std::make_unique<httplib::Client>("127.0.0.1", endpoint_->port());
+  EXPECT_THAT(step_end(), IsEmpty());
+  EXPECT_EQ(client_->Post("/save", "", "text/plain")->status, 202);  // after step 2, the last
+  EXPECT_THAT(step_end(), SizeIs(1));
+  const auto after_the_last = client_->Post("/stop", "", "text/plain");
+  ASSERT_TRUE(after_the_last);
+  EXPECT_EQ(after_the_last->status, 409);
+  EXPECT_THAT(after_the_last->body, HasSubstr("training is finishing (2 steps done)"));
+}
+
+// A port in use is an error naming the address and the fix, not a server that never answers.
+TEST_F(ControlEndpointTest, APortInUseIsAClearError) {
+  start();
+  ControlEndpointOptions options;
+  options.port = endpoint_->port();
+  ControlEndpoint second(options);
+  CallbackContext ctx(state_, model_, manager_.user_state());
+  try {
+    second.on_train_start(ctx);
+    ADD_FAILURE() << "two servers on port " << options.port;
+  } catch (const std::runtime_error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("cannot listen on 127.0.0.1:" + std::to_string(options.port)));
+    EXPECT_THAT(error.what(), HasSubstr("choose another ControlEndpoint.port"));
+  }
+  EXPECT_EQ(second.port(), 0);
+  EXPECT_EQ(client_->Get("/status")->status, 200);  // the first serves on
+}
+
+// A run that ends right after it starts: the server's threads may not have run yet when it is stopped, and the join in
+// on_train_end must not hang (with cpp-httplib, whose stop() did nothing until its accept loop ran, it did once in
+// CI). Many cycles make the window likely.
+TEST_F(ControlEndpointTest, AServerStoppedAsSoonAsItStartsEnds) {
   endpoint_ = std::make_shared<ControlEndpoint>(ControlEndpointOptions{});
   manager_.add(endpoint_);
   for (int cycle = 0; cycle < 300; ++cycle) {

@@ -1,21 +1,22 @@
-// ControlEndpoint: a cpp-httplib server on its own thread; the training thread hands it snapshots and takes its
-// commands, both under one mutex (a few map copies per log step, one flag read per step otherwise).
+// ControlEndpoint: routes of an HttpServer (training/callbacks/http_server.h) on background threads; the training
+// thread hands them snapshots and takes their commands, both under one mutex (a few map copies per log step, one
+// uncontended lock per step otherwise).
 #include "training/callbacks/control_endpoint.h"
 
-#include <httplib.h>
 #include <prometheus/check_names.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include <atomic>
-#include <chrono>
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
+#include <vector>
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
@@ -53,17 +54,24 @@ std::string prometheus_name(const std::string& metric) {
   return name;
 }
 
-void reply_json(httplib::Response& response, int status, const nlohmann::json& body) {
+HttpResponse json_reply(int status, const nlohmann::json& body) {
+  HttpResponse response;
   response.status = status;
-  response.set_content(body.dump() + "\n", "application/json");
+  response.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // paths may not be UTF-8
+  return response;
+}
+
+// The paths served and the methods each takes (HEAD: GET's head); any other method on them is 405.
+const std::map<std::string, std::vector<std::string>>& routes() {
+  static const std::map<std::string, std::vector<std::string>> table = {{"/status", {"GET", "HEAD"}},
+                                                                        {"/metrics", {"GET", "HEAD"}},
+                                                                        {"/stop", {"POST"}},
+                                                                        {"/save", {"POST"}},
+                                                                        {"/abort", {"POST"}}};
+  return table;
 }
 
 }  // namespace
-
-struct ControlEndpoint::Server {
-  httplib::Server http;
-  std::atomic<bool> listen_returned{false};
-};
 
 ControlEndpoint::ControlEndpoint(ControlEndpointOptions options) : options_(std::move(options)) {
   if (options_.port < 0 || options_.port > 65535) {
@@ -99,6 +107,92 @@ ControlEndpoint::ControlEndpoint(ControlEndpointOptions options) : options_(std:
 
 ControlEndpoint::~ControlEndpoint() { stop_server(); }
 
+HttpResponse ControlEndpoint::status_reply() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  nlohmann::json body = {{"state", state_},
+                         {"step", step_},
+                         {"logged_step", logged_step_},
+                         {"train_iters", train_iters_},
+                         {"metrics", metrics_},
+                         {"validation", validation_losses_},
+                         {"layout", nlohmann::json::parse(layout_json_)},
+                         {"pending", commands_.size()}};
+  for (const auto& [key, name] : {std::pair<const char*, const char*>{"lm loss", "loss"},
+                                  {"learning-rate", "lr"},
+                                  {"throughput/tokens_per_sec", "tokens_per_sec"},
+                                  {"time/remaining_estimate", "remaining_estimate"}}) {
+    if (const auto it = metrics_.find(key); it != metrics_.end()) body[name] = it->second;
+  }
+  return json_reply(200, body);
+}
+
+HttpResponse ControlEndpoint::metrics_reply() {
+  prometheus::Registry registry;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto gauge = [&registry](const std::string& metric, double value) {
+      const std::string name = prometheus_name(metric);
+      if (!prometheus::CheckMetricName(name)) return;
+      prometheus::BuildGauge().Name(name).Help(metric).Register(registry).Add({}).Set(value);
+    };
+    gauge("step", static_cast<double>(step_));
+    gauge("train_iters", static_cast<double>(train_iters_));
+    for (const auto& [metric, value] : metrics_) gauge(metric, value);
+    for (const auto& [metric, value] : validation_losses_) gauge(metric + " validation", value);
+  }
+  std::ostringstream text;
+  prometheus::TextSerializer().Serialize(text, registry.Collect());
+  HttpResponse response;
+  response.content_type = "text/plain; version=0.0.4";
+  response.body = text.str();
+  return response;
+}
+
+std::optional<HttpResponse> ControlEndpoint::screen(const HttpRequest& request) const {
+  if (!token_.empty()) {
+    const std::string header = request.header("Authorization");
+    const std::string prefix = "Bearer ";
+    if (header.rfind(prefix, 0) != 0 || !same_secret(header.substr(prefix.size()), token_)) {
+      HttpResponse refused =
+          json_reply(401, {{"error", "missing or wrong bearer token (Authorization: Bearer <token>)"}});
+      refused.headers.emplace_back("WWW-Authenticate", "Bearer");
+      return refused;
+    }
+  }
+  const auto route = routes().find(request.path);
+  if (route == routes().end()) {
+    return json_reply(404, {{"error", "no " + request.path +
+                                          "; the endpoints are GET /status, GET /metrics, POST /stop, POST /save, "
+                                          "POST /abort"}});
+  }
+  const std::vector<std::string>& methods = route->second;
+  if (std::find(methods.begin(), methods.end(), request.method) == methods.end()) {
+    const std::string allowed = bridge::utils::join(methods, ", ");
+    // A known path with the wrong method: 405 naming the right ones, rather than a 404 that hides the path.
+    HttpResponse refused =
+        json_reply(405, {{"error", request.method + " " + request.path + " is not served; use " + allowed}});
+    refused.headers.emplace_back("Allow", allowed);
+    return refused;
+  }
+  return std::nullopt;
+}
+
+HttpResponse ControlEndpoint::serve(const HttpRequest& request) {
+  if (request.path == "/status") return status_reply();
+  if (request.path == "/metrics") return metrics_reply();
+  const std::string action = request.path.substr(1);  // screen() let only POST /stop, /save and /abort through
+  const std::string reason = "POST /" + action + " from " + request.remote_addr +
+                             (request.body.empty() ? std::string() : ": " + trim(request.body).substr(0, 200));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ != "training") {
+    return json_reply(409, {{"error", "training is " + state_ + " (" + std::to_string(step_) +
+                                          " steps done); nothing to " + action}});
+  }
+  commands_.push_back(Command{action, reason});
+  // The next step's end takes it (on_train_step_end, under this mutex), and the loop acts after that step.
+  return json_reply(202, {{"accepted", action}, {"after_step", step_ + 1}});
+}
+
 void ControlEndpoint::on_train_start(CallbackContext& ctx) {
   const bool distributed = parallel::is_distributed_initialized();
   if (!parallel::is_last_rank()) return;  // the last rank serves
@@ -119,128 +213,21 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
     metrics_.clear();
     validation_losses_.clear();
   }
-  server_ = std::make_unique<Server>();
-  httplib::Server& http = server_->http;
-  http.set_payload_max_length(static_cast<std::size_t>(options_.max_body_bytes));
-  http.set_read_timeout(5, 0);
-  http.set_write_timeout(5, 0);
-  http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
-    if (token_.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string header = request.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (header.rfind(prefix, 0) == 0 && same_secret(header.substr(prefix.size()), token_)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    response.set_header("WWW-Authenticate", "Bearer");
-    reply_json(response, 401, {{"error", "missing or wrong bearer token (Authorization: Bearer <token>)"}});
-    return httplib::Server::HandlerResponse::Handled;
-  });
-
-  http.Get("/status", [this](const httplib::Request&, httplib::Response& response) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    nlohmann::json body = {{"state", state_},
-                           {"step", step_.load()},
-                           {"logged_step", logged_step_},
-                           {"train_iters", train_iters_},
-                           {"metrics", metrics_},
-                           {"validation", validation_losses_},
-                           {"layout", nlohmann::json::parse(layout_json_)},
-                           {"pending", commands_.size()}};
-    for (const auto& [key, name] : {std::pair<const char*, const char*>{"lm loss", "loss"},
-                                    {"learning-rate", "lr"},
-                                    {"throughput/tokens_per_sec", "tokens_per_sec"},
-                                    {"time/remaining_estimate", "remaining_estimate"}}) {
-      if (const auto it = metrics_.find(key); it != metrics_.end()) body[name] = it->second;
-    }
-    reply_json(response, 200, body);
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
-    prometheus::Registry registry;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const auto gauge = [&registry](const std::string& metric, double value) {
-        const std::string name = prometheus_name(metric);
-        if (!prometheus::CheckMetricName(name)) return;
-        prometheus::BuildGauge().Name(name).Help(metric).Register(registry).Add({}).Set(value);
-      };
-      gauge("step", static_cast<double>(step_.load()));
-      gauge("train_iters", static_cast<double>(train_iters_));
-      for (const auto& [metric, value] : metrics_) gauge(metric, value);
-      for (const auto& [metric, value] : validation_losses_) gauge(metric + " validation", value);
-    }
-    std::ostringstream text;
-    prometheus::TextSerializer().Serialize(text, registry.Collect());
-    response.set_content(text.str(), "text/plain; version=0.0.4");
-  });
-  for (const char* action : {"stop", "save", "abort"}) {
-    http.Post(std::string("/") + action, [this, action](const httplib::Request& request, httplib::Response& response) {
-      const std::string reason = "POST /" + std::string(action) + " from " + request.remote_addr +
-                                 (request.body.empty() ? std::string() : ": " + trim(request.body).substr(0, 200));
-      std::int64_t step = 0;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (state_ != "training") {
-          reply_json(response, 409, {{"error", "training is " + state_ + "; nothing to " + action}});
-          return;
-        }
-        commands_.push_back(Command{action, reason});
-        has_commands_.store(true);
-        step = step_.load();
-      }
-      reply_json(response, 202, {{"accepted", action}, {"after_step", step}});
-    });
-  }
-  // A known path with the wrong method: 405 naming the right one, rather than a 404 that hides the path.
-  const auto wrong_method = [](const char* allowed) {
-    return [allowed](const httplib::Request& request, httplib::Response& response) {
-      response.set_header("Allow", allowed);
-      reply_json(response, 405, {{"error", request.method + " " + request.path + " is not served; use " + allowed}});
-    };
-  };
-  for (const char* path : {"/status", "/metrics"}) {
-    http.Post(path, wrong_method("GET"));
-    http.Put(path, wrong_method("GET"));
-    http.Delete(path, wrong_method("GET"));
-  }
-  for (const char* path : {"/stop", "/save", "/abort"}) {
-    http.Get(path, wrong_method("POST"));
-    http.Put(path, wrong_method("POST"));
-    http.Delete(path, wrong_method("POST"));
-  }
-  http.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
-    if (response.status == 404) {
-      reply_json(response, 404,
-                 {{"error", "no " + request.path +
-                                "; the endpoints are GET /status, GET /metrics, POST /stop, "
-                                "POST /save, POST /abort"}});
-    }
-  });
-
-  const int bound = options_.port == 0 ? http.bind_to_any_port(options_.host)
-                                       : (http.bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  if (bound <= 0) {
-    server_.reset();
-    throw std::runtime_error("ControlEndpoint: cannot listen on " + options_.host + ":" +
-                             std::to_string(options_.port) +
+  HttpServerOptions http;
+  http.host = options_.host;
+  http.port = options_.port;
+  http.max_body_bytes = static_cast<std::uint64_t>(options_.max_body_bytes);
+  try {
+    server_ = std::make_unique<HttpServer>(std::move(http),
+                                           HttpRoutes{[this](const HttpRequest& request) { return screen(request); },
+                                                      [this](const HttpRequest& request) { return serve(request); }});
+  } catch (const std::runtime_error& error) {
+    throw std::runtime_error("ControlEndpoint: " + std::string(error.what()) +
                              " (in use, or not an address of this host); choose another ControlEndpoint.port, or 0 "
                              "for a free one");
   }
+  const int bound = server_->port();
   port_.store(bound);
-  thread_ = std::thread([server = server_.get()] {
-    server->http.listen_after_bind();
-    server->listen_returned.store(true);
-  });
-  // cpp-httplib's stop() does nothing until the accept loop has marked the server running, so a training that ended
-  // at once would leave the loop, and stop_server()'s join, waiting forever (CI hung so). Debian's cpp-httplib has no
-  // wait_until_ready().
-  while (!server_->http.is_running() && !server_->listen_returned.load()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (!server_->http.is_running()) {
-    stop_server();
-    throw std::runtime_error("ControlEndpoint: the server on " + options_.host + ":" + std::to_string(bound) +
-                             " stopped before it served; see the log above, or choose another ControlEndpoint.port");
-  }
   const std::string url = "http://" + options_.host + ":" + std::to_string(bound);
   bridge::utils::log_info_on_this_rank("control endpoint: " + url + (token_.empty() ? "" : " (bearer token required)") +
                                        " (GET /status, /metrics; POST /stop, /save, /abort)");
@@ -248,13 +235,16 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
 }
 
 void ControlEndpoint::on_train_step_end(CallbackContext& ctx) {
-  step_.store(ctx.state.train_state.step + 1, std::memory_order_relaxed);  // the loop counts the step after this event
-  if (!has_commands_.load(std::memory_order_relaxed)) return;
   std::vector<Command> commands;
   {
+    // The step count and the queue change together, so a POST's after_step is the step whose end takes it.
     std::lock_guard<std::mutex> lock(mutex_);
+    step_ = ctx.state.train_state.step + 1;  // the loop counts this step just after the event
     commands.swap(commands_);
-    has_commands_.store(false);
+    for (const Command& command : commands) {
+      if (command.action != "save") state_ = "stopping";  // the loop stops after this step: later POSTs get 409
+    }
+    if (train_iters_ > 0 && step_ >= train_iters_ && state_ == "training") state_ = "finishing";  // no step to follow
   }
   for (const Command& command : commands) {
     if (command.action == "stop") ctx.request_stop(command.reason);
@@ -283,14 +273,22 @@ void ControlEndpoint::on_exception(CallbackContext&) { stop_server(); }
 
 void ControlEndpoint::stop_server() {
   if (!server_) return;
+  std::vector<Command> dropped;
+  std::int64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     state_ = "finished";
+    dropped.swap(commands_);
+    step = step_;
   }
-  server_->http.stop();
-  if (thread_.joinable()) thread_.join();
+  server_->stop();  // joins its threads; a handler running now finishes first
   server_.reset();
   port_.store(0);
+  for (const Command& command : dropped) {
+    // Accepted (202), but training ended by another cause before the step the reply named.
+    bridge::utils::logger().warn("ControlEndpoint: training ended after step {} before it could act on {}", step,
+                                 command.reason);
+  }
 }
 
 }  // namespace callbacks

@@ -6,13 +6,19 @@
 //   curl http://127.0.0.1:8765/metrics                   # the latest metrics in Prometheus' text format
 //   curl -X POST http://127.0.0.1:8765/stop              # also /save and /abort, with an optional reason as body
 //
-// The server runs on a background thread of the last rank (the one that holds the losses and prints the log) from
-// on_train_start to on_train_end. A POST is queued and taken at the next step's end as the matching control request,
-// which the loop agrees on across ranks, so every rank stops, saves or aborts after the same step. It binds
-// 127.0.0.1 by default; binding any other address needs a bearer token, read from `token_file` or the environment
-// variable named by `token_env` (never from the config, never logged). When a token is set every request must carry
-// "Authorization: Bearer <token>"; one that does not gets 401 and changes nothing. The bound address is logged and,
-// with `endpoint_file`, written there (port 0 picks a free port).
+// The server (HttpServer, on Boost.Beast) runs on background threads of the last rank (the one that holds the losses
+// and prints the log) from on_train_start to on_train_end. A POST is queued and taken at the next step's end as the
+// matching control request, which the loop agrees on across ranks, so every rank stops, saves or aborts after the
+// same step: the one its 202 reply names as "after_step". It binds 127.0.0.1 by default; binding any other address
+// needs a bearer token, read from `token_file` or the environment variable named by `token_env` (never from the
+// config, never logged). When a token is set every request must carry "Authorization: Bearer <token>"; one that does
+// not gets 401 and changes nothing. The bound address is logged and, with `endpoint_file`, written there (port 0
+// picks a free port).
+//
+// Statuses: 202 accepted; 400 malformed (or HTTP/1.1 without Host); 401 no or wrong token; 404 unknown path; 405 a
+// method the path does not serve (with Allow); 409 no step will take the POST (training not running, a stop already
+// taken, or the last step done); 413 a body over max_body_bytes, sized or chunked, refused while it is read; 431 a
+// request line and header fields over 8 KiB. A POST without a body needs no Content-Length (curl -X POST).
 #pragma once
 
 #include <atomic>
@@ -20,11 +26,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "training/callbacks/callback.h"
+#include "training/callbacks/http_server.h"
 
 namespace bridge::training {
 inline namespace callbacks {
@@ -35,7 +42,7 @@ struct ControlEndpointOptions {
   std::string endpoint_file;                       ///< where to write "http://<host>:<port>" once bound; empty: nowhere
   std::string token_file;                          ///< a file holding the bearer token
   std::string token_env = "BRIDGE_CONTROL_TOKEN";  ///< or the environment variable holding it
-  std::int64_t max_body_bytes = 4096;              ///< larger requests get 413
+  std::int64_t max_body_bytes = 4096;              ///< larger bodies get 413, whether sized or chunked
 };
 
 class ControlEndpoint : public Callback {
@@ -60,29 +67,31 @@ class ControlEndpoint : public Callback {
   bool requires_token() const noexcept { return !token_.empty(); }
 
  private:
-  struct Server;  // cpp-httplib and prometheus-cpp stay out of this header
   struct Command {
     std::string action;  // "stop", "save" or "abort"
     std::string reason;
   };
   void stop_server();
+  // On the server's threads: refuses on the head alone (401, 404, 405), then serves the request.
+  std::optional<HttpResponse> screen(const HttpRequest& request) const;
+  HttpResponse serve(const HttpRequest& request);
+  HttpResponse status_reply();
+  HttpResponse metrics_reply();
 
   ControlEndpointOptions options_;
   std::string token_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
+  std::unique_ptr<HttpServer> server_;
   std::atomic<int> port_{0};
-  std::atomic<bool> has_commands_{false};
-  std::atomic<std::int64_t> step_{0};  // steps done: set at every step's end, read by /status without the mutex
 
   // Shared with the server's threads, under mutex_.
   std::mutex mutex_;
   std::vector<Command> commands_;
+  std::int64_t step_ = 0;  // steps done: set at every step's end, with commands_ taken at the same time
   std::int64_t logged_step_ = 0, train_iters_ = 0;
   std::map<std::string, double> metrics_;            // the last log step's record (of step logged_step_)
   std::map<std::string, double> validation_losses_;  // the last evaluation's
   std::string layout_json_;
-  std::string state_ = "starting";
+  std::string state_ = "starting";  // training, stopping (a stop or abort taken), finishing (the last step done), ...
 };
 
 }  // namespace callbacks
