@@ -41,7 +41,8 @@ cxxopts::Options make_options() {
                         "the embedded tiny recipe (examples/recipes/tiny.yaml)",
                         cxxopts::value<std::string>(), "RECIPE.yaml")(
       "print-config", "print the resolved config as YAML (loadable with --config) and exit")(
-      "h,help", "print this help, with every config key, and exit");
+      "h,help", "print this help, with every config key, and exit")(
+      "help-markdown", "print the config key reference as Markdown (docs/config-reference.md) and exit");
   return options;
 }
 
@@ -207,6 +208,10 @@ int main(int argc, char** argv) {
     const cxxopts::ParseResult args = options.parse(argc, argv);
     if (args.count("help")) {
       if (env.rank == 0) std::fputs(help_text(options).c_str(), stdout);
+      return 0;
+    }
+    if (args.count("help-markdown")) {
+      if (env.rank == 0) std::fputs(config_reference_markdown().c_str(), stdout);
       return 0;
     }
     config = resolve_config(args);

@@ -82,5 +82,7 @@ std::string to_yaml(const ConfigContainer& config);
 /// The key reference: every key with its type, its value in `defaults` and its doc, grouped by section, then the
 /// built-in callbacks a `callbacks:` list may name, with their options.
 std::string config_help(const ConfigContainer& defaults = {});
+/// The same reference as Markdown, one table per section (docs/config-reference.md is its output).
+std::string config_reference_markdown(const ConfigContainer& defaults = {});
 
 }  // namespace bridge::training

@@ -244,7 +244,8 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
       line.loss_scale = loss_scale;
       line.params_norm = params_norm;
       line.extra = record.text;
-      bridge::utils::log_info_on_this_rank(utils::format_log_line(line, total_loss_dict_));
+      bridge::utils::log_info_on_this_rank(utils::format_log_line(line, total_loss_dict_),
+                                           bridge::utils::Timestamp::kInMessage);
     } else {
       utils::format_log_line(line, total_loss_dict_);  // resets the sums and counters, as on the last rank
     }

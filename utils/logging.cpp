@@ -1,12 +1,16 @@
 // The process-wide bridge logger and its per-rank configuration.
 #include "utils/logging.h"
 
+#include <spdlog/details/os.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -15,6 +19,24 @@ namespace {
 
 std::mutex g_mutex;
 std::atomic<bool> g_configured{false};
+
+// Marks a line that carries its own timestamp. spdlog's log_msg has no field of ours, and its source location is the
+// one thing a sink's formatter sees besides the text; the pattern prints no source, so the mark never shows.
+constexpr const char* kTimestampInMessage = "bridge: timestamp in message";
+
+// The pattern's "[YYYY-MM-DD HH:MM:SS] ", left out of a line marked kTimestampInMessage, so that a line has one.
+class TimestampFlag : public spdlog::custom_flag_formatter {
+ public:
+  // The pattern's own time is not passed in: spdlog computes it only for patterns with time flags of its own.
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    if (msg.source.funcname == kTimestampInMessage) return;
+    const std::tm time = spdlog::details::os::localtime(spdlog::log_clock::to_time_t(msg.time));
+    char text[32];
+    const std::size_t size = std::strftime(text, sizeof(text), "[%Y-%m-%d %H:%M:%S] ", &time);
+    dest.append(text, text + size);
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<TimestampFlag>(); }
+};
 
 spdlog::level::level_enum level_from_environment() {
   const char* name = std::getenv("BRIDGE_LOG_LEVEL");
@@ -41,8 +63,10 @@ spdlog::logger& instance() {
 }
 
 void apply(spdlog::logger& logger, int rank, int world_size) {
-  logger.set_pattern("[%Y-%m-%d %H:%M:%S] [rank " + std::to_string(rank) + "/" + std::to_string(world_size) +
-                     "] [%l] %v");
+  auto formatter = std::make_unique<spdlog::pattern_formatter>();
+  formatter->add_flag<TimestampFlag>('*').set_pattern("%*[rank " + std::to_string(rank) + "/" +
+                                                      std::to_string(world_size) + "] [%l] %v");
+  logger.set_formatter(std::move(formatter));
   const spdlog::level::level_enum level = level_from_environment();
   const char* all_ranks = std::getenv("BRIDGE_LOG_ALL_RANKS");
   const bool every_rank = all_ranks != nullptr && std::string(all_ranks) == "1";
@@ -68,9 +92,10 @@ spdlog::logger& logger() {
   return instance();
 }
 
-void log_info_on_this_rank(const std::string& message) {
+void log_info_on_this_rank(const std::string& message, Timestamp timestamp) {
   spdlog::logger& target = logger();
-  const spdlog::details::log_msg line(target.name(), spdlog::level::info, message);
+  const spdlog::source_loc mark{nullptr, 0, timestamp == Timestamp::kInMessage ? kTimestampInMessage : nullptr};
+  const spdlog::details::log_msg line(mark, target.name(), spdlog::level::info, message);
   for (const auto& sink : target.sinks()) {
     if (sink->should_log(line.level)) sink->log(line);
   }

@@ -20,8 +20,12 @@ void configure_logging(int rank, int world_size, std::shared_ptr<spdlog::sinks::
 /// The bridge logger. Example: bridge::utils::logger().info("step {} loss {:.3f}", step, loss);
 spdlog::logger& logger();
 
+/// Whether the logger's prefix adds a timestamp to a line (kAdd), or the line carries its own (kInMessage: Megatron's
+/// training log line, " [2024-01-01 12:00:00] iteration ..."), so that every line has exactly one.
+enum class Timestamp { kAdd, kInMessage };
+
 /// Writes `message` at info level on this rank, past the per-rank filter: for lines only one chosen rank can write,
 /// such as the training log on the last rank, which alone holds the losses (Megatron's print_rank_last).
-void log_info_on_this_rank(const std::string& message);
+void log_info_on_this_rank(const std::string& message, Timestamp timestamp = Timestamp::kAdd);
 
 }  // namespace bridge::utils

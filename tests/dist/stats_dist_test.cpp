@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -133,6 +134,17 @@ void expect_layout_matches_reference(const std::string& name, int world, int tp,
   const std::string& last = results.back().output;
   EXPECT_THAT(last, HasSubstr("] iteration        3/       3 | consumed samples:           12 | elapsed time per "
                               "iteration (ms): "));
+  // One timestamp per line: Megatron's own on the training log line, none from the logger's prefix.
+  std::istringstream lines(last);
+  int training_lines = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("] iteration ") == std::string::npos) continue;
+    ++training_lines;
+    EXPECT_TRUE(std::regex_search(
+        line, std::regex(R"(^\[rank \d+/\d+\] \[info\]  \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration )")))
+        << line;
+  }
+  EXPECT_GT(training_lines, 0) << last;
   EXPECT_THAT(last, HasSubstr(" | throughput per GPU (TFLOP/s/GPU): "));
   EXPECT_THAT(last, HasSubstr(" | global batch size:     4 | lm loss: "));
   EXPECT_THAT(last, HasSubstr(" | loss scale: 1.0 | grad norm: "));

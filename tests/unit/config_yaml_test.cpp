@@ -422,6 +422,35 @@ TEST(CallbacksFromYaml, TheHelpListsEveryBuiltInWithItsOptions) {
   EXPECT_GE(builtin_callback_types().size(), 9u);
 }
 
+// --help-markdown (docs/config-reference.md): a table row per key under its section's heading, then a table per
+// built-in callback; table cells stay cells ('|' escaped) and '<...>' stays text.
+TEST(ConfigReferenceMarkdown, EveryKeyIsOneRowUnderItsSection) {
+  const std::string markdown = config_reference_markdown();
+  std::map<std::string, int> rows;  // key -> rows naming it
+  std::string section;
+  std::istringstream lines(markdown);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("## ", 0) == 0) section = line.substr(3);
+    if (line.rfind("| `", 0) != 0) continue;
+    const std::string key = line.substr(3, line.find('`', 3) - 3);
+    if (section == "callbacks") continue;  // option rows
+    EXPECT_EQ(key.substr(0, key.find('.')), section) << line;
+    ++rows[key];
+    // Four cells: a '|' inside one is escaped, so the unescaped ones are exactly the five borders.
+    int borders = 0;
+    for (std::size_t i = 0; i < line.size(); ++i) borders += line[i] == '|' && (i == 0 || line[i - 1] != '\\');
+    EXPECT_EQ(borders, 5) << line;
+  }
+  for (const ConfigKeyInfo& info : config_keys()) EXPECT_EQ(rows[info.key], 1) << info.key;
+  EXPECT_EQ(rows.size(), config_keys().size());
+  for (const CallbackTypeInfo& type : builtin_callback_types()) {
+    EXPECT_THAT(markdown, HasSubstr("\n### " + type.type + "\n")) << type.type;
+  }
+  EXPECT_THAT(markdown, HasSubstr("| `train.train_iters` | int | `0` | "));
+  EXPECT_THAT(markdown, HasSubstr("cuda:&lt;index>"));  // an HTML tag to Markdown, were it not escaped
+  EXPECT_EQ(markdown.find("<index>"), std::string::npos);
+}
+
 // ---- The shipped recipes ----
 
 TEST(ConfigYaml, EveryRecipeLoadsAndValidatesForItsWorldSize) {
