@@ -407,39 +407,62 @@ std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono
   return rendezvous;
 }
 
+// Rank 0 judges the rendezvous: it waits for every rank's announcement, checks them, and writes its verdict ("" or
+// the error) for the others, who wait for it rather than read every announcement (O(world size) store operations in
+// all). A rank that gets no verdict in time judges from the announcements it sees. Every store operation is quiet:
+// c10d logs a warning with a backtrace for each failed one, and the one-line error says what failed.
 void join_world(const std::shared_ptr<Rendezvous>& rendezvous, const std::string& prefix, int rank, int world_size,
                 const RendezvousLimit& limit) {
+  constexpr std::chrono::seconds kGrace(5);  // for the verdict to reach the others after rank 0's limit
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, rendezvous->store);
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(std::to_string(r));
-  try {
-    const std::string mine = encode_announcement(rendezvous->gloo);
-    store->set(keys[static_cast<std::size_t>(rank)], std::vector<uint8_t>(mine.begin(), mine.end()));
-    bool everyone = false;
+  const auto key = [](int r) { return std::to_string(r); };
+  const auto wait_for = [&](const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
     try {
-      QuietC10dLog quiet;
-      store->wait(keys, limit.timeout);
-      everyone = true;
-    } catch (const c10::Error&) {  // the limit passed, or the store went away: check() tells which
+      store->wait(keys, timeout);
+      return true;
+    } catch (const c10::Error&) {  // the limit passed, or the store went away: the next operation tells which
+      return false;
     }
-    if (!everyone) {
+  };
+  const auto text = [](const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); };
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(key(r));
+  std::string verdict;
+  try {
+    QuietC10dLog quiet;
+    const std::string mine = encode_announcement(rendezvous->gloo);
+    store->set(key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    if (rank != 0 && wait_for({"verdict"}, limit.timeout + kGrace)) {
+      verdict = text(store->get("verdict"));
+      store->set("read/" + key(rank), std::vector<uint8_t>{});
+    } else {
+      const bool everyone = rank == 0 ? wait_for(keys, limit.timeout) : store->check(keys);
       std::vector<int> missing;
-      for (int r = 0; r < world_size; ++r) {
-        if (!store->check({keys[static_cast<std::size_t>(r)]})) missing.push_back(r);
+      for (int r = 0; r < world_size && !everyone; ++r) {
+        if (!store->check({key(r)})) missing.push_back(r);
       }
-      if (!missing.empty())
-        throw std::runtime_error(never_joined_error(missing, world_size, rendezvous->address, limit));
+      if (!missing.empty()) {
+        verdict = never_joined_error(missing, world_size, rendezvous->address, limit);
+      } else {
+        std::vector<RankAnnouncement> ranks;
+        for (int r = 0; r < world_size; ++r) ranks.push_back(decode_announcement(r, text(store->get(key(r)))));
+        verdict = unreachable_loopback_error(ranks).value_or("");
+      }
+      if (rank == 0) {
+        store->set("verdict", std::vector<uint8_t>(verdict.begin(), verdict.end()));
+        // Rank 0 may host the store: on an error, keep it until the ranks that joined have read why.
+        std::vector<std::string> reads;
+        for (int r = 1; r < world_size && !verdict.empty(); ++r) {
+          if (std::find(missing.begin(), missing.end(), r) == missing.end()) reads.push_back("read/" + key(r));
+        }
+        if (!reads.empty()) wait_for(reads, kGrace);
+      }
     }
-    std::vector<RankAnnouncement> ranks;
-    for (int r = 0; r < world_size; ++r) {
-      const std::vector<uint8_t> value = store->get(keys[static_cast<std::size_t>(r)]);
-      ranks.push_back(decode_announcement(r, std::string(value.begin(), value.end())));
-    }
-    if (const std::optional<std::string> error = unreachable_loopback_error(ranks)) throw std::runtime_error(*error);
   } catch (const c10::Error& error) {
     throw std::runtime_error("rank " + std::to_string(rank) + " lost the rendezvous store at " + rendezvous->address +
                              " while the ranks joined (did rank 0 stop?): " + one_line(error.what_without_backtrace()));
   }
+  if (!verdict.empty()) throw std::runtime_error(verdict);
 }
 
 std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezvous>& rendezvous,

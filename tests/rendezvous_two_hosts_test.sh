@@ -10,7 +10,7 @@
 # Needs root and iproute2 (ip netns, veth); exits 77 (CTest's skip) where it cannot make the namespaces.
 # Usage: tests/rendezvous_two_hosts_test.sh <bridge-pretrain>
 set -euo pipefail
-program=${1:?usage: $0 <bridge-pretrain>}
+program=$(realpath "${1:?usage: $0 <bridge-pretrain>}")
 suffix=$$
 ns_a=bridge_rdv_a_$suffix ns_b=bridge_rdv_b_$suffix
 veth_a=rdva$suffix veth_b=rdvb$suffix # at most 15 characters
@@ -62,7 +62,7 @@ launch() {
   shift 6
   env RANK="$rank" WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR="$master" MASTER_PORT="$port" \
     XDG_CACHE_HOME="$work/cache" "$@" timeout 90 ip netns exec "$ns" unshare --uts --mount \
-    sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift 2 && exec "$@"' "$hosts" "$host" \
+    sh -c 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"' "$hosts" "$host" \
     "$program" "${common[@]}" >"$work/$log" 2>&1 &
   pids+=($!)
 }
@@ -80,8 +80,9 @@ run() {
   wait "${pids[1]}" || status1=$?
   elapsed=$((SECONDS - start))
 }
-quiet() { # no c10d retry warnings or backtraces in a log
-  ! grep -q -e '\[c10d\]' -e 'frame #' "$work/$1"
+quiet() { # no c10d retry warnings or backtraces in a log, a few lines in all (c10d's server may warn once that
+  # reverse DNS has no name for an address, as it does in these namespaces)
+  ! grep -q -e 'frame #' -e 'retrying' -e 'recvValue' -e 'Connect timeout' "$work/$1" && (($(wc -l <"$work/$1") <= 3))
 }
 
 run route "$addr_a" "$addr_a"
