@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "utils/exception_message.h"
 #include "utils/logging.h"
 #include "utils/net.h"
 
@@ -102,8 +103,8 @@ c10::intrusive_ptr<c10d::Store> connect_client(const std::string& host, c10d::TC
     try {
       QuietC10dLog quiet;
       return c10::make_intrusive<c10d::TCPStore>(host, options);
-    } catch (const c10::Error& error) {
-      const std::string message = one_line(error.what_without_backtrace());
+    } catch (const std::exception& error) {  // c10::Error in LibTorch 2.x; 1.13's socket code may throw others
+      const std::string message = one_line(utils::describe(error));
       if (store_closed_connection(message)) {
         throw std::runtime_error(launcher_version_error(address, TORCH_VERSION, matching_torchrun()));
       }
@@ -375,10 +376,9 @@ std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono
   if (options.isServer) {
     try {
       rendezvous->store = c10::make_intrusive<c10d::TCPStore>(*env.master_addr, options);
-    } catch (const c10::Error& error) {
+    } catch (const std::exception& error) {
       throw std::runtime_error("could not start the rendezvous store at " + rendezvous->address + ": " +
-                               one_line(error.what_without_backtrace()) +
-                               ". Is the port in use? Pick another MASTER_PORT." +
+                               one_line(utils::describe(error)) + ". Is the port in use? Pick another MASTER_PORT." +
                                (timeout < std::chrono::seconds(5) ? " Or the timeout is too short for a rendezvous: "
                                                                     "give it seconds, not milliseconds."
                                                                   : ""));
@@ -420,7 +420,7 @@ void join_world(const std::shared_ptr<Rendezvous>& rendezvous, const std::string
     try {
       store->wait(keys, timeout);
       return true;
-    } catch (const c10::Error&) {  // the limit passed, or the store went away: the next operation tells which
+    } catch (const std::exception&) {  // the limit passed, or the store went away: the next operation tells which
       return false;
     }
   };
@@ -458,9 +458,9 @@ void join_world(const std::shared_ptr<Rendezvous>& rendezvous, const std::string
         if (!reads.empty()) wait_for(reads, kGrace);
       }
     }
-  } catch (const c10::Error& error) {
+  } catch (const std::exception& error) {
     throw std::runtime_error("rank " + std::to_string(rank) + " lost the rendezvous store at " + rendezvous->address +
-                             " while the ranks joined (did rank 0 stop?): " + one_line(error.what_without_backtrace()));
+                             " while the ranks joined (did rank 0 stop?): " + one_line(utils::describe(error)));
   }
   if (!verdict.empty()) throw std::runtime_error(verdict);
 }
