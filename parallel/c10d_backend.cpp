@@ -9,9 +9,18 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <dlfcn.h>
+#include <torch/version.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 #include <type_traits>
+
+#include "utils/exception_message.h"
+#include "utils/logging.h"
+#include "utils/net.h"
 
 namespace bridge::parallel::detail {
 
@@ -19,6 +28,8 @@ class Rendezvous {
  public:
   c10::intrusive_ptr<c10d::Store> store;
   std::string host;
+  std::string address;    // "host:port", for errors
+  RankAnnouncement gloo;  // the address this process's Gloo groups advertise
 };
 
 namespace {
@@ -35,16 +46,73 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   throw std::invalid_argument("unknown ReduceOp");
 }
 
-bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
-
-// The network device Gloo listens on: GLOO_SOCKET_IFNAME if set (as in PyTorch), loopback when the whole job is on
-// this host, else the address this host's name resolves to.
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_host) {
-  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+// The network device Gloo listens on, as connect_rendezvous chose it: GLOO_SOCKET_IFNAME's interface if set (as in
+// PyTorch), else the address of the route to MASTER_ADDR. Not c10d's default, the address this host's name resolves
+// to, which is 127.0.0.1 on many containers and cluster nodes and which a peer on another host cannot reach.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const Rendezvous& rendezvous) {
+  if (rendezvous.gloo.chosen_by == "GLOO_SOCKET_IFNAME") {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(rendezvous.gloo.interface);
   }
-  if (is_loopback(master_host)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
+  return c10d::ProcessGroupGloo::createDeviceForHostname(rendezvous.gloo.address);
+}
+
+// Keeps c10d's own log lines out while it lives: its TCPStore client logs a warning with a backtrace for every
+// failed try of its handshake, and an error when it gives up. The caller reports the failure, once.
+class QuietC10dLog {
+ public:
+  QuietC10dLog() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = std::max<decltype(saved_)>(saved_, 3); }
+  ~QuietC10dLog() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10dLog(const QuietC10dLog&) = delete;
+  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
+
+ private:
+  std::remove_reference_t<decltype(FLAGS_caffe2_log_level)> saved_;  // c10's level: 3 = fatal only
+};
+
+// The torchrun of this LibTorch when it is a wheel's (<env>/lib/pythonX.Y/site-packages/torch/lib/libc10.so ->
+// <env>/bin/torchrun), else "".
+std::string matching_torchrun() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&FLAGS_caffe2_log_level), &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::filesystem::path library = std::filesystem::absolute(info.dli_fname).lexically_normal();
+  if (library.string().find("/site-packages/torch/lib/") == std::string::npos) return "";
+  std::filesystem::path env = library;
+  for (int level = 0; level < 6; ++level) env = env.parent_path();
+  const std::filesystem::path torchrun = env / "bin" / "torchrun";
+  std::error_code error;
+  return std::filesystem::exists(torchrun, error) ? torchrun.string() : "";
+}
+
+// One line of a c10d message (some span several).
+std::string one_line(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
+}
+
+// Connects a TCPStore client to a store that accepts connections, within `deadline`. c10d retries its handshake
+// itself; tries of a few seconds let a store that closes every connection (a 1.x store given the 2.x validation
+// query) be told apart in seconds rather than at the deadline.
+c10::intrusive_ptr<c10d::Store> connect_client(const std::string& host, c10d::TCPStoreOptions options,
+                                               const LaunchEnv& env, const std::string& address,
+                                               const RendezvousLimit& limit,
+                                               std::chrono::steady_clock::time_point deadline) {
+  using namespace std::chrono;
+  for (;;) {
+    const auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+    options.timeout = std::clamp<milliseconds>(left, seconds(1), seconds(3));
+    try {
+      QuietC10dLog quiet;
+      return c10::make_intrusive<c10d::TCPStore>(host, options);
+    } catch (const std::exception& error) {  // c10::Error in LibTorch 2.x; 1.13's socket code may throw others
+      const std::string message = one_line(utils::describe(error));
+      if (store_closed_connection(message)) {
+        throw std::runtime_error(launcher_version_error(address, TORCH_VERSION, matching_torchrun()));
+      }
+      if (steady_clock::now() >= deadline) {
+        throw std::runtime_error(unreachable_store_error(env.rank, env.world_size, address, limit, message));
+      }
+    }
+  }
 }
 
 // Starts c10d work with `start` and waits for it within the timeout. c10d reports failures and timeouts as
@@ -264,7 +332,7 @@ class DeviceDispatchGroup final : public GroupBackend {
 };
 
 std::unique_ptr<GroupBackend> create_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                const std::string& master_host, const std::string& prefix, int rank,
+                                                const Rendezvous& rendezvous, const std::string& prefix, int rank,
                                                 int size, std::chrono::milliseconds timeout) {
   auto fail = [&](const std::string& what) {
     return std::runtime_error("creating process group '" + prefix + "' (rank " + std::to_string(rank) + " of " +
@@ -272,7 +340,7 @@ std::unique_ptr<GroupBackend> create_gloo_group(const c10::intrusive_ptr<c10d::S
   };
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(gloo_device(master_host));
+    options->devices.push_back(gloo_device(rendezvous));
     auto group = std::make_unique<C10dGroup<c10d::ProcessGroupGloo>>(
         c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), timeout);
     // Gloo's connect returns on a rank before its peers have finished their side of the handshake; a rank that
@@ -289,40 +357,112 @@ std::unique_ptr<GroupBackend> create_gloo_group(const c10::intrusive_ptr<c10d::S
 
 }  // namespace
 
-std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+std::shared_ptr<Rendezvous> connect_rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                               const RendezvousLimit& limit) {
   if (!env.master_addr || !env.master_port) {
     throw std::invalid_argument("connect_rendezvous: MASTER_ADDR and MASTER_PORT are needed for a world of " +
                                 std::to_string(env.world_size));
   }
+  const auto deadline = std::chrono::steady_clock::now() + limit.timeout;
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(*env.master_port);
   options.isServer = env.is_store_server();
   options.numWorkers = env.world_size;
-  options.waitWorkers = false;  // the first group's rendezvous waits for everyone anyway
+  options.waitWorkers = false;  // join_world waits for everyone, and names who is missing
   options.timeout = timeout;
   auto rendezvous = std::make_shared<Rendezvous>();
   rendezvous->host = *env.master_addr;
-  try {
+  rendezvous->address = *env.master_addr + ":" + std::to_string(*env.master_port);
+  if (options.isServer) {
     try {
       rendezvous->store = c10::make_intrusive<c10d::TCPStore>(*env.master_addr, options);
-    } catch (const c10::Error& error) {
-      throw std::runtime_error(error.what_without_backtrace());
+    } catch (const std::exception& error) {
+      throw std::runtime_error("could not start the rendezvous store at " + rendezvous->address + ": " +
+                               one_line(utils::describe(error)) + ". Is the port in use? Pick another MASTER_PORT." +
+                               (timeout < std::chrono::seconds(5) ? " Or the timeout is too short for a rendezvous: "
+                                                                    "give it seconds, not milliseconds."
+                                                                  : ""));
     }
-  } catch (const std::exception& error) {
-    throw std::runtime_error("could not " + std::string(options.isServer ? "start" : "reach") +
-                             " the rendezvous store at " + *env.master_addr + ":" + std::to_string(*env.master_port) +
-                             " within " + std::to_string(timeout.count()) + " ms: " + error.what() +
-                             (options.isServer ? ". Is the port in use? Pick another MASTER_PORT."
-                                               : ". Is rank 0 running and MASTER_ADDR reachable from this host?") +
-                             (timeout < std::chrono::seconds(5)
-                                  ? " Or the timeout is too short for a rendezvous: give it seconds, not milliseconds."
-                                  : ""));
+  } else {
+    // A quiet probe first: c10d's client would log a warning with a backtrace for each of its tries.
+    if (const std::optional<std::string> why =
+            utils::wait_until_accepting(*env.master_addr, *env.master_port, deadline)) {
+      throw std::runtime_error(unreachable_store_error(env.rank, env.world_size, rendezvous->address, limit, *why));
+    }
+    rendezvous->store = connect_client(*env.master_addr, options, env, rendezvous->address, limit, deadline);
+    rendezvous->store->setTimeout(timeout);
   }
   if (env.use_agent_store) {
     rendezvous->store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count),
                                                                rendezvous->store);
   }
+  const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+  rendezvous->gloo = choose_gloo_address(env.rank, *env.master_addr,
+                                         interface != nullptr ? std::optional<std::string>(interface) : std::nullopt);
+  const RankAnnouncement& gloo = rendezvous->gloo;
+  utils::logger().info(
+      "rank {}: Gloo advertises {}{} ({})", env.rank, gloo.address,
+      gloo.interface.empty() ? "" : " on " + gloo.interface,
+      gloo.chosen_by == "GLOO_SOCKET_IFNAME" ? "GLOO_SOCKET_IFNAME" : "the route to MASTER_ADDR " + *env.master_addr);
   return rendezvous;
+}
+
+// Rank 0 judges the rendezvous: it waits for every rank's announcement, checks them, and writes its verdict ("" or
+// the error) for the others, who wait for it rather than read every announcement (O(world size) store operations in
+// all). A rank that gets no verdict in time judges from the announcements it sees. Every store operation is quiet:
+// c10d logs a warning with a backtrace for each failed one, and the one-line error says what failed.
+void join_world(const std::shared_ptr<Rendezvous>& rendezvous, const std::string& prefix, int rank, int world_size,
+                const RendezvousLimit& limit) {
+  constexpr std::chrono::seconds kGrace(5);  // for the verdict to reach the others after rank 0's limit
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, rendezvous->store);
+  const auto key = [](int r) { return std::to_string(r); };
+  const auto wait_for = [&](const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    try {
+      store->wait(keys, timeout);
+      return true;
+    } catch (const std::exception&) {  // the limit passed, or the store went away: the next operation tells which
+      return false;
+    }
+  };
+  const auto text = [](const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); };
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(key(r));
+  std::string verdict;
+  try {
+    QuietC10dLog quiet;
+    const std::string mine = encode_announcement(rendezvous->gloo);
+    store->set(key(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    if (rank != 0 && wait_for({"verdict"}, limit.timeout + kGrace)) {
+      verdict = text(store->get("verdict"));
+      store->set("read/" + key(rank), std::vector<uint8_t>{});
+    } else {
+      const bool everyone = rank == 0 ? wait_for(keys, limit.timeout) : store->check(keys);
+      std::vector<int> missing;
+      for (int r = 0; r < world_size && !everyone; ++r) {
+        if (!store->check({key(r)})) missing.push_back(r);
+      }
+      if (!missing.empty()) {
+        verdict = never_joined_error(missing, world_size, rendezvous->address, limit);
+      } else {
+        std::vector<RankAnnouncement> ranks;
+        for (int r = 0; r < world_size; ++r) ranks.push_back(decode_announcement(r, text(store->get(key(r)))));
+        verdict = unreachable_loopback_error(ranks).value_or("");
+      }
+      if (rank == 0) {
+        store->set("verdict", std::vector<uint8_t>(verdict.begin(), verdict.end()));
+        // Rank 0 may host the store: on an error, keep it until the ranks that joined have read why.
+        std::vector<std::string> reads;
+        for (int r = 1; r < world_size && !verdict.empty(); ++r) {
+          if (std::find(missing.begin(), missing.end(), r) == missing.end()) reads.push_back("read/" + key(r));
+        }
+        if (!reads.empty()) wait_for(reads, kGrace);
+      }
+    }
+  } catch (const std::exception& error) {
+    throw std::runtime_error("rank " + std::to_string(rank) + " lost the rendezvous store at " + rendezvous->address +
+                             " while the ranks joined (did rank 0 stop?): " + one_line(utils::describe(error)));
+  }
+  if (!verdict.empty()) throw std::runtime_error(verdict);
 }
 
 std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezvous>& rendezvous,
@@ -346,7 +486,7 @@ std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezv
       // group whose ranks are not the node's ranks in order.
       group->setBoundDeviceId(device);
       auto nccl = std::make_unique<C10dGroup<c10d::ProcessGroupNCCL>>(std::move(group), timeout);
-      auto gloo = create_gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", store), rendezvous->host,
+      auto gloo = create_gloo_group(c10::make_intrusive<c10d::PrefixStore>("gloo", store), *rendezvous,
                                     prefix + " (gloo, for CPU tensors)", rank, size, timeout);
       return std::make_unique<DeviceDispatchGroup>(std::move(gloo), std::move(nccl));
     } catch (const c10::Error& error) {
@@ -360,7 +500,7 @@ std::unique_ptr<GroupBackend> create_group_backend(const std::shared_ptr<Rendezv
         "'gloo' for CPU tensors.");
 #endif
   }
-  return create_gloo_group(store, rendezvous->host, prefix, rank, size, timeout);
+  return create_gloo_group(store, *rendezvous, prefix, rank, size, timeout);
 }
 
 bool nccl_available() {

@@ -38,12 +38,15 @@ std::unique_ptr<World>& world_state() {
 // The rendezvous store lives as long as the process, like the job it serves: a world initialised again after
 // destroy_distributed reuses it. Tearing the store server down and starting a new one on the same port would let a
 // fast peer reach the old server just before it closes.
-Store& store_for(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+Store& store_for(const LaunchEnv& env, const DistributedOptions& options) {
   static std::map<std::string, Store> stores;
   const std::string key = env.master_addr.value_or("") + ":" + std::to_string(env.master_port.value_or(0)) + "/" +
                           std::to_string(env.use_agent_store) + "/" + std::to_string(env.restart_count);
   Store& store = stores[key];
-  if (!store.rendezvous) store.rendezvous = detail::connect_rendezvous(env, timeout);
+  if (!store.rendezvous) {
+    store.rendezvous = detail::connect_rendezvous(env, options.timeout,
+                                                  {options.rendezvous_timeout, options.rendezvous_timeout_source});
+  }
   return store;
 }
 
@@ -77,7 +80,14 @@ void init_distributed(const LaunchEnv& launch_env, const DistributedOptions& opt
   std::vector<int> all(static_cast<std::size_t>(world->env.world_size));
   std::iota(all.begin(), all.end(), 0);
   utils::configure_logging(world->env.rank, world->env.world_size);
-  if (world->env.world_size > 1) world->store = &store_for(world->env, options.timeout);
+  if (world->env.world_size > 1) {
+    world->store = &store_for(world->env, options);
+    // Every rank arrives before any group is created, so a missing one is named within the rendezvous timeout
+    // rather than found by Gloo's connect at the (longer) operation timeout.
+    detail::join_world(world->store->rendezvous, "bridge/join/" + std::to_string(world->store->creations["join"]++),
+                       world->env.rank, world->env.world_size,
+                       {options.rendezvous_timeout, options.rendezvous_timeout_source});
+  }
   world_state() = std::move(world);
   try {
     world_state()->world_group = new_group("world", all);

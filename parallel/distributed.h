@@ -18,8 +18,14 @@ namespace bridge::parallel {
 
 struct DistributedOptions {
   Backend backend = Backend::kGloo;
-  /// Limit for the rendezvous and for every operation; a dead peer surfaces as a CommunicationError within it.
+  /// Limit for every operation (and the creation of every group); a dead peer surfaces as a CommunicationError
+  /// within it.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// Limit for joining the world: reaching the rendezvous store, and every rank arriving there. After it, each rank
+  /// that waited names the ranks that never joined; one that could not reach the store names the address it tried.
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(2);
+  /// Where rendezvous_timeout was set, named in those errors (e.g. a config key).
+  std::string rendezvous_timeout_source = "DistributedOptions::rendezvous_timeout";
   /// This rank's device (see device.h: select_device, bind_device). NCCL groups are bound to it and need it to be
   /// CUDA; Gloo works with CPU and CUDA tensors alike.
   torch::Device device = torch::kCPU;

@@ -52,6 +52,7 @@ packages=(
   libconcurrentqueue-dev  # the async observers' lock-free queue (header-only)
   python3-torch         # Python reference for parity checks, and torchrun
   python3-venv          # the tools venv below
+  iproute2              # ip netns and veth pairs: the two-host rendezvous test (tests/rendezvous_two_hosts_test.sh)
 )
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

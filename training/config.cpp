@@ -69,6 +69,10 @@ void ConfigContainer::validate(int world_size) const {
               str(p.timeout.count()) +
               " ms: starting every rank and their rendezvous take seconds, so a shorter timeout fails a healthy job "
               "(a rank that dies is detected at once by its closed connection, whatever the timeout)");
+  require(p.rendezvous_timeout >= ParallelismConfig::kMinimumTimeout,
+          "parallelism.rendezvous_timeout must be at least " + str(ParallelismConfig::kMinimumTimeout.count()) +
+              " s, got " + str(p.rendezvous_timeout.count()) +
+              " ms: starting every rank takes seconds, so a shorter limit fails a healthy job");
 
   const TrainingConfig& t = train;
   require(t.micro_batch_size >= 1, "train.micro_batch_size must be >= 1, got " + str(t.micro_batch_size));

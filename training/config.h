@@ -72,8 +72,12 @@ struct ParallelismConfig {
   /// Where the model, batches, gradient buffers and pipeline tensors live: "auto" (cuda:LOCAL_RANK when every rank
   /// of the node has a GPU, else cpu), "cuda" (cuda:LOCAL_RANK), "cuda:<index>" or "cpu".
   std::string device = "auto";
-  /// How long a collective (and the start-up rendezvous) may wait for the other ranks; at least kMinimumTimeout.
+  /// How long a collective (and the creation of a process group) may wait for the other ranks; at least
+  /// kMinimumTimeout.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// How long the start-up rendezvous may wait: reaching MASTER_ADDR:MASTER_PORT, and every rank arriving there.
+  /// After it, the ranks that waited name those that never joined. At least kMinimumTimeout.
+  std::chrono::milliseconds rendezvous_timeout = std::chrono::minutes(2);
   static constexpr std::chrono::seconds kMinimumTimeout{5};
 };
 

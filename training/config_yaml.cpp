@@ -413,7 +413,10 @@ const std::vector<Field>& fields() {
       field("parallelism.device", &C::parallelism, &ParallelismConfig::device,
             "auto (cuda:LOCAL_RANK when every local rank has a GPU, else cpu), cuda, cuda:<index> or cpu."),
       field("parallelism.timeout", &C::parallelism, &ParallelismConfig::timeout,
-            "Limit for the rendezvous and every collective (e.g. 30s, 10min, 1h)."),
+            "Limit for every collective and process group creation (e.g. 30s, 10min, 1h)."),
+      field("parallelism.rendezvous_timeout", &C::parallelism, &ParallelismConfig::rendezvous_timeout,
+            "Limit for joining the world at start-up (reaching MASTER_ADDR:MASTER_PORT, every rank arriving); "
+            "then the ranks that never joined are named."),
 
       field("ddp.overlap_grad_reduce", &C::ddp, &DistributedDataParallelConfig::overlap_grad_reduce,
             "Start each gradient bucket's all-reduce during the last micro-batch's backward."),

@@ -37,6 +37,8 @@ class ParallelScope {
       options.backend = parallel::select_backend(config.backend, device_, parallel::cuda_built());
       options.device = device_;
       options.timeout = config.timeout;
+      options.rendezvous_timeout = config.rendezvous_timeout;
+      options.rendezvous_timeout_source = "parallelism.rendezvous_timeout";
       parallel::init_distributed(options);
       owns_world_ = true;
     }

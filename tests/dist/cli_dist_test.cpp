@@ -180,6 +180,30 @@ TEST_F(Cli, TorchrunTwoDataParallelRanks) {
   EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;
 }
 
+// A job whose other rank never starts: rank 0 names it once parallelism.rendezvous_timeout has passed (not at
+// parallelism.timeout, 2 min here), in one line.
+TEST_F(Cli, ARankThatNeverStartsIsNamedAtTheRendezvousTimeout) {
+  const std::string store = "127.0.0.1:" + std::to_string(utils::find_free_port());
+  std::map<std::string, std::string> vars = env();
+  vars.insert({{"RANK", "0"},
+               {"LOCAL_RANK", "0"},
+               {"WORLD_SIZE", "2"},
+               {"LOCAL_WORLD_SIZE", "2"},
+               {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", store.substr(store.find(':') + 1)}});
+  std::vector<std::string> argv = quick({"parallelism.rendezvous_timeout=5s"});
+  argv.insert(argv.begin(), kPretrain);
+  const RankResult result = run_command(argv, kDeadline, vars);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_LT(result.seconds, 30.0) << result.output;
+  EXPECT_EQ(
+      count(result.output, "bridge-pretrain: rank 0: training failed: rank 1 of 2 never joined the rendezvous at " +
+                               store + " within 5 s (parallelism.rendezvous_timeout)"),
+      1)
+      << result.output;
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr("[c10d]")));
+}
+
 TEST_F(Cli, ConfigErrorsExitTwoNamingTheKeyOnce) {
   const RankResult typo = run({"train.global_bach_size=8"});
   EXPECT_EQ(typo.exit_code, 2) << typo.output;
@@ -247,10 +271,12 @@ TEST_F(Cli, RuntimeFailureExitsOne) {
 }
 
 TEST_F(Cli, PrintConfigLoadsBackAndTheEmbeddedRecipeIsTheFile) {
-  const RankResult printed = run({"--print-config", "train.train_iters=42", "dataset.data_path=[a, b c]"});
+  const RankResult printed = run(
+      {"--print-config", "train.train_iters=42", "dataset.data_path=[a, b c]", "parallelism.rendezvous_timeout=45s"});
   ASSERT_EQ(printed.exit_code, 0) << printed.output;
   const training::ConfigContainer config = training::load_config_yaml_string(printed.output, "--print-config");
   EXPECT_EQ(config.train.train_iters, 42);
+  EXPECT_EQ(config.parallelism.rendezvous_timeout, std::chrono::seconds(45));
   EXPECT_EQ(config.dataset.data_path, (std::vector<std::string>{"a", "b c"}));
   const training::ConfigContainer tiny = training::load_config_yaml(kSourceDir / "examples/recipes/tiny.yaml");
   EXPECT_EQ(config.model.num_layers, tiny.model.num_layers);

@@ -1,7 +1,14 @@
-// Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group, and a rank that
-// dies makes the others fail with a clear error within the timeout.
+// Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group, a rank that
+// dies makes the others fail with a clear error within the timeout, and a rendezvous that cannot complete (a rank
+// missing, a wrong MASTER_PORT, the torchrun of another PyTorch) fails in one line within its own shorter limit.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <future>
+#include <thread>
 
 #include "tests/dist/spawn.h"
 #include "utils/net.h"
@@ -68,6 +75,91 @@ TEST(Distributed, StalledRankFailsTheOthersOnceTheTimeoutPasses) {
   }
 }
 
+// A rank's run of `dist_worker join`: `rank` of `world_size` at 127.0.0.1:port, as torchrun would start it.
+RankResult join_as(int rank, int world_size, int port, int rendezvous_ms) {
+  return run_command({kWorker, "join", std::to_string(rendezvous_ms)}, std::chrono::seconds(60),
+                     {{"RANK", std::to_string(rank)},
+                      {"LOCAL_RANK", std::to_string(rank)},
+                      {"WORLD_SIZE", std::to_string(world_size)},
+                      {"LOCAL_WORLD_SIZE", std::to_string(world_size)},
+                      {"MASTER_ADDR", "127.0.0.1"},
+                      {"MASTER_PORT", std::to_string(port)}});
+}
+
+// The seconds a worker reports in "failed after <s> s", or -1.
+double failed_after(const std::string& output) {
+  const std::size_t at = output.find("failed after ");
+  return at == std::string::npos ? -1.0 : std::stod(output.substr(at + 13));
+}
+
+// The failure in one line, and nothing else but the log line naming the Gloo address: no c10d retry warnings, no
+// backtraces.
+void expect_one_quiet_line(const RankResult& result) {
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr("[c10d]"))) << result.output;
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr("frame #"))) << result.output;
+  EXPECT_LE(std::count(result.output.begin(), result.output.end(), '\n'), 2) << result.output;
+}
+
+TEST(Rendezvous, ARankThatNeverJoinsIsNamedOnEveryRankOnceTheRendezvousTimeoutPasses) {
+  const int port = utils::find_free_port();
+  auto rank1 = std::async(std::launch::async, [&] { return join_as(1, 3, port, 3000); });
+  const RankResult rank0 = join_as(0, 3, port, 3000);  // rank 2 is never started
+  const RankResult other = rank1.get();
+  const std::string store = "127.0.0.1:" + std::to_string(port);
+  for (const RankResult* result : {&rank0, &other}) {
+    EXPECT_EQ(result->exit_code, 3) << result->output;
+    EXPECT_THAT(result->output, HasSubstr("rank 2 of 3 never joined the rendezvous at " + store +
+                                          " within 3 s (DistributedOptions::rendezvous_timeout): check it was "
+                                          "started, and that its MASTER_ADDR/MASTER_PORT are " +
+                                          store));
+    EXPECT_GE(failed_after(result->output), 2.5) << result->output;  // rank 1 starts a moment after rank 0
+    EXPECT_LT(failed_after(result->output), 8.0) << result->output;
+    expect_one_quiet_line(*result);
+  }
+}
+
+TEST(Rendezvous, AWrongMasterPortFailsBothRanksWithinTheRendezvousTimeout) {
+  const int port = utils::find_free_port();
+  const int wrong = utils::find_free_port();  // nothing listens there
+  auto rank1 = std::async(std::launch::async, [&] { return join_as(1, 2, wrong, 3000); });
+  const RankResult rank0 = join_as(0, 2, port, 3000);
+  const RankResult lost = rank1.get();
+  EXPECT_EQ(rank0.exit_code, 3) << rank0.output;
+  EXPECT_THAT(rank0.output, HasSubstr("rank 1 of 2 never joined the rendezvous at 127.0.0.1:" + std::to_string(port)));
+  EXPECT_EQ(lost.exit_code, 3) << lost.output;
+  EXPECT_THAT(lost.output,
+              HasSubstr("rank 1 of 2 could not reach the rendezvous store at 127.0.0.1:" + std::to_string(wrong) +
+                        " within 3 s (DistributedOptions::rendezvous_timeout) "
+                        "(connection refused): check that MASTER_ADDR/MASTER_PORT"));
+  for (const RankResult* result : {&rank0, &lost}) {
+    EXPECT_GE(failed_after(result->output), 3.0) << result->output;
+    EXPECT_LT(failed_after(result->output), 8.0) << result->output;
+    expect_one_quiet_line(*result);
+  }
+}
+
+TEST(Rendezvous, RanksThatStartSecondsApartStillMeet) {
+  const int port = utils::find_free_port();
+  auto rank0 = std::async(std::launch::async, [&] { return join_as(0, 2, port, 20000); });
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // rank 0 waits for rank 1 (not a failure)
+  const RankResult rank1 = join_as(1, 2, port, 20000);
+  const RankResult first = rank0.get();
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_EQ(rank1.exit_code, 0) << rank1.output;
+  EXPECT_THAT(first.output, HasSubstr("join: ok"));
+  EXPECT_THAT(rank1.output, HasSubstr("join: ok"));
+
+  // A client started before the store exists (rank 1 first) waits quietly for it.
+  const int second_port = utils::find_free_port();
+  auto early = std::async(std::launch::async, [&] { return join_as(1, 2, second_port, 20000); });
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const RankResult late = join_as(0, 2, second_port, 20000);
+  const RankResult waited = early.get();
+  EXPECT_EQ(late.exit_code, 0) << late.output;
+  EXPECT_EQ(waited.exit_code, 0) << waited.output;
+  EXPECT_THAT(waited.output, ::testing::Not(HasSubstr("[c10d]"))) << waited.output;
+}
+
 // The same binary under the real launchers, unchanged. mpirun passes no MASTER_ADDR, so the rendezvous address
 // comes from the MPI bootstrap; torchrun (the one of the LibTorch the build uses) hosts the store in its agent, so rank
 // 0 connects as a client.
@@ -97,6 +189,41 @@ TEST(Launchers, TorchrunTwoRanksTp2) {
                   std::chrono::seconds(180));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count_ok_lines(result.output, "(torchrun, agent store)"), 2) << result.output;
+}
+
+// Debian's torchrun (PyTorch 1.13) hosts a store that closes the connection at the 2.x client's validation query:
+// each rank must say so in seconds, naming the launcher to use, instead of retrying until the timeout.
+TEST(Launchers, TorchrunOfAnotherPyTorchIsNamedInSeconds) {
+  const std::string other = BRIDGE_OTHER_TORCHRUN;
+  if (::access(other.c_str(), X_OK) != 0) GTEST_SKIP() << other << " is not installed (python3-torch)";
+  std::error_code error;
+  if (std::filesystem::equivalent(other, BRIDGE_TORCHRUN, error)) {
+    GTEST_SKIP() << other << " is the torchrun of the LibTorch this build uses";
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const RankResult result = run_command(
+      {other, "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1", "--master_addr=127.0.0.1",
+       "--master_port=" + std::to_string(utils::find_free_port()), kWorker, "join", "60000"},
+      std::chrono::seconds(120));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_LT(seconds, 30.0) << result.output;
+  EXPECT_THAT(result.output, HasSubstr("closed the connection during c10d's handshake, as a store of another PyTorch "
+                                       "version does: the launcher (torchrun) is not from bridge's PyTorch"))
+      << result.output;
+  EXPECT_THAT(result.output, HasSubstr("Launch with the torchrun of PyTorch")) << result.output;
+  // A wheel's LibTorch names the torchrun beside it: the one this build's tests use.
+  const std::string named = "Launch with the torchrun of PyTorch ";
+  const std::size_t at = result.output.find(named);
+  if (std::string(BRIDGE_TORCHRUN).find("/bin/torchrun") != std::string::npos && at != std::string::npos) {
+    const std::size_t colon = result.output.find(": ", at);
+    const std::size_t end = result.output.find('\n', at);
+    ASSERT_LT(colon, end) << result.output;
+    EXPECT_TRUE(std::filesystem::equivalent(result.output.substr(colon + 2, end - colon - 2), BRIDGE_TORCHRUN, error))
+        << result.output;
+  }
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr("recvValue failed"))) << result.output;
+  EXPECT_THAT(result.output, ::testing::Not(HasSubstr("frame #"))) << result.output;
 }
 
 }  // namespace

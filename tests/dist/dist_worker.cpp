@@ -7,6 +7,8 @@
 //   dist_worker dead_rank [timeout_ms]          the last rank dies; every other rank must get a CommunicationError
 //   dist_worker stalled_rank [timeout_ms]       the last rank lives (for 3x the timeout) but skips the collective;
 //                                               the others must fail with a CommunicationError once it has passed
+//   dist_worker join <rendezvous_timeout_ms>    initialise and meet at a barrier; a failure to join prints
+//                                               "rank <r>: failed after <s> s: <error>" and exits 3
 //
 // Exit 0 on success; failures print what differed and exit 1.
 #include <chrono>
@@ -241,6 +243,25 @@ int run_stalled_rank(std::chrono::milliseconds timeout) {
   std::_Exit(code);
 }
 
+int run_join(std::chrono::milliseconds rendezvous_timeout) {
+  DistributedOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.rendezvous_timeout = rendezvous_timeout;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    init_distributed(options);
+  } catch (const std::exception& error) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const char* rank = std::getenv("RANK");
+    std::printf("rank %s: failed after %.2f s: %s\n", rank != nullptr ? rank : "?", seconds, error.what());
+    return 3;
+  }
+  get_world_group().barrier();
+  std::printf("rank %d of %d: join: ok\n", get_rank(), get_world_size());
+  destroy_distributed();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -255,6 +276,7 @@ int main(int argc, char** argv) {
     if (scenario == "dead_rank") {
       return run_dead_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 5000));
     }
+    if (scenario == "join" && argc > 2) return run_join(std::chrono::milliseconds(std::atoi(argv[2])));
     if (scenario == "stalled_rank") {
       return run_stalled_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 3000));
     }

@@ -102,6 +102,12 @@ TEST(Validate, ATimeoutTooShortForARendezvousIsRefusedWithTheReason) {
               AllOf(HasSubstr("parallelism.timeout must be at least 5 s, got 100 ms"), HasSubstr("rendezvous")));
   EXPECT_EQ(validation_error([](ConfigContainer& c) { c.parallelism.timeout = std::chrono::seconds(5); }),
             "<accepted>");
+  EXPECT_THAT(
+      validation_error([](ConfigContainer& c) { c.parallelism.rendezvous_timeout = std::chrono::milliseconds(4999); }),
+      AllOf(HasSubstr("parallelism.rendezvous_timeout must be at least 5 s, got 4999 ms"),
+            HasSubstr("starting every rank takes seconds")));
+  EXPECT_EQ(validation_error([](ConfigContainer& c) { c.parallelism.rendezvous_timeout = std::chrono::seconds(5); }),
+            "<accepted>");
 }
 
 TEST(ConfigFile, ADirectoryIsNotARecipe) {
