@@ -168,7 +168,8 @@ struct CheckpointConfig {
   std::string save;           ///< directory for checkpoints; empty = never save
   int64_t save_interval = 0;  ///< save every this many steps (0: only at the end and on request)
   /// Directory to resume from (its latest_checkpointed_iteration.txt, or ckpt_step); empty = nothing (see
-  /// auto_resume). A directory without checkpoints starts from scratch, as Megatron does.
+  /// auto_resume). A directory without checkpoints starts from scratch, as Megatron does; one that does not exist
+  /// is an error (exit 2).
   std::string load;
   /// Load this iteration of `load` instead of the tracker's.
   std::optional<int64_t> ckpt_step;
@@ -179,8 +180,9 @@ struct CheckpointConfig {
   bool finetune = false;
   bool no_load_optim = false;  ///< keep a fresh optimizer and grad scaler (the scheduler and step still load)
   bool no_load_rng = false;    ///< keep the RNG streams seeded from rng.seed
-  /// With `load` empty and `save` holding checkpoints: resume from `save` (logged). Off: such a run stops with an
-  /// error instead of overwriting them.
+  /// With `load` empty and `save` holding checkpoints: resume from `save` (logged). When that checkpoint is damaged,
+  /// fall back to the newest complete older one, loudly (the damaged one renamed <iter>.damaged, the tracker moved
+  /// to the older one). Off: such a run stops with an error instead of overwriting them.
   bool auto_resume = true;
   /// Keep only the newest this many checkpoints in `save` (older ones are deleted once a new one is complete);
   /// -1 = keep all.

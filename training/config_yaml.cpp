@@ -488,7 +488,8 @@ const std::vector<Field>& fields() {
       field("checkpoint.save_interval", &C::checkpoint, &CheckpointConfig::save_interval,
             "Save every this many steps; 0 = only at the end (when checkpoint.save is set)."),
       field("checkpoint.load", &C::checkpoint, &CheckpointConfig::load,
-            "Directory to resume from (its latest checkpoint, or checkpoint.ckpt_step); empty = none."),
+            "Directory to resume from (its latest checkpoint, or checkpoint.ckpt_step); empty = none. It must "
+            "exist; a directory without checkpoints starts from scratch."),
       field("checkpoint.ckpt_step", &C::checkpoint, &CheckpointConfig::ckpt_step,
             "Iteration of checkpoint.load to resume from; null = the latest."),
       field("checkpoint.pretrained_checkpoint", &C::checkpoint, &CheckpointConfig::pretrained_checkpoint,
@@ -501,8 +502,9 @@ const std::vector<Field>& fields() {
       field("checkpoint.no_load_rng", &C::checkpoint, &CheckpointConfig::no_load_rng,
             "Do not load the RNG states; keep those seeded from rng.seed."),
       field("checkpoint.auto_resume", &C::checkpoint, &CheckpointConfig::auto_resume,
-            "Resume from checkpoint.save when it holds checkpoints and nothing else is loaded; false = stop with an "
-            "error instead."),
+            "Resume from checkpoint.save when it holds checkpoints and nothing else is loaded; a damaged latest "
+            "checkpoint falls back to the newest complete older one (the damaged one kept as iter_N.damaged). "
+            "false = stop with an error instead of overwriting them."),
       field("checkpoint.most_recent_k", &C::checkpoint, &CheckpointConfig::most_recent_k,
             "Keep only the newest this many checkpoints in checkpoint.save; -1 = keep all."),
       field("checkpoint.async_save", &C::checkpoint, &CheckpointConfig::async_save,
