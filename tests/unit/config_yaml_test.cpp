@@ -350,7 +350,7 @@ TEST(ConfigYaml, TheKeyTableCoversEveryFieldOfTheConfigHeaders) {
   for (const std::string& key : declared) {
     EXPECT_TRUE(table.count(key)) << key
                                   << " is declared in the config headers but missing from the key table in "
-                                     "training/config_yaml.cpp (add a field(...) row)";
+                                     "training/config_table.cpp (add a field(...) row)";
   }
   for (const std::string& key : table) EXPECT_TRUE(declared.count(key)) << key << " is in the table only";
   // The parser sees multi-declarator lines, wrapped initialisers and optionals.

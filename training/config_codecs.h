@@ -1,0 +1,275 @@
+// The codecs behind the config key table (config_table.h): one per C++ type of a config field, each reading a YAML
+// node (nullopt when the node is not of the type), writing the value back, and naming the type for --help. Internal
+// to the config files (config_table.cpp, config_yaml.cpp); users read values through config_yaml.h.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "training/config.h"
+#include "utils/strings.h"
+
+namespace bridge::training::detail {
+
+using bridge::utils::to_lower;
+using bridge::utils::trim;
+using std::chrono::milliseconds;
+
+// A plain (unquoted) YAML null: `key:`, `key: null`, `key: ~`. A quoted "null" is the string.
+inline bool is_null(const YAML::Node& node) { return !node.IsDefined() || node.IsNull(); }
+
+template <class Number>
+std::optional<Number> parse_number(const YAML::Node& node) {
+  if (!node.IsScalar()) return std::nullopt;
+  std::string_view text = trim(node.Scalar());
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  Number value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+template <class T>
+struct Codec;
+
+template <>
+struct Codec<int64_t> {
+  static std::string type() { return "int"; }
+  static std::optional<int64_t> parse(const YAML::Node& node) { return parse_number<int64_t>(node); }
+  static void emit(YAML::Emitter& out, int64_t value) { out << std::to_string(value); }
+};
+
+template <>
+struct Codec<int> {
+  static std::string type() { return "int"; }
+  static std::optional<int> parse(const YAML::Node& node) { return parse_number<int>(node); }
+  static void emit(YAML::Emitter& out, int value) { out << std::to_string(value); }
+};
+
+template <>
+struct Codec<uint64_t> {
+  static std::string type() { return "unsigned int"; }
+  static std::optional<uint64_t> parse(const YAML::Node& node) { return parse_number<uint64_t>(node); }
+  static void emit(YAML::Emitter& out, uint64_t value) { out << std::to_string(value); }
+};
+
+template <>
+struct Codec<double> {
+  static std::string type() { return "float"; }
+  static std::optional<double> parse(const YAML::Node& node) { return parse_number<double>(node); }
+  static void emit(YAML::Emitter& out, double value) {
+    char text[32];
+    // The shortest text that reads back as the same double, so to_yaml round-trips exactly.
+    const auto result = std::to_chars(text, text + sizeof(text), value);
+    out << std::string(text, result.ptr);
+  }
+};
+
+template <>
+struct Codec<bool> {
+  static std::string type() { return "bool"; }
+  static std::optional<bool> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string text = to_lower(trim(node.Scalar()));
+    if (text == "true" || text == "yes" || text == "on") return true;
+    if (text == "false" || text == "no" || text == "off") return false;
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, bool value) { out << (value ? "true" : "false"); }
+};
+
+template <>
+struct Codec<std::string> {
+  static std::string type() { return "string"; }
+  static std::optional<std::string> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::string();  // `save:` or `save: null` clears the field
+    if (!node.IsScalar()) return std::nullopt;
+    return node.Scalar();
+  }
+  static void emit(YAML::Emitter& out, const std::string& value) { out << value; }
+};
+
+template <class T>
+struct Codec<std::vector<T>> {
+  static std::string type() { return "list of " + Codec<T>::type() + "s"; }
+  static std::optional<std::vector<T>> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::vector<T>();
+    if (node.IsScalar()) {  // one item needs no brackets
+      std::optional<T> item = Codec<T>::parse(node);
+      if (!item) return std::nullopt;
+      return std::vector<T>{std::move(*item)};
+    }
+    if (!node.IsSequence()) return std::nullopt;
+    std::vector<T> items;
+    for (const YAML::Node& node_item : node) {
+      if (!node_item.IsScalar()) return std::nullopt;
+      std::optional<T> item = Codec<T>::parse(node_item);
+      if (!item) return std::nullopt;
+      items.push_back(std::move(*item));
+    }
+    return items;
+  }
+  static void emit(YAML::Emitter& out, const std::vector<T>& value) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const T& item : value) Codec<T>::emit(out, item);
+    out << YAML::EndSeq;
+  }
+};
+
+template <class T>
+struct Codec<std::optional<T>> {
+  static std::string type() { return Codec<T>::type() + " or null"; }
+  static std::optional<std::optional<T>> parse(const YAML::Node& node) {
+    if (is_null(node)) return std::optional<T>();
+    std::optional<T> value = Codec<T>::parse(node);
+    if (!value) return std::nullopt;
+    return value;
+  }
+  static void emit(YAML::Emitter& out, const std::optional<T>& value) {
+    if (value) {
+      Codec<T>::emit(out, *value);
+    } else {
+      out << YAML::Null;
+    }
+  }
+};
+
+struct DurationUnit {
+  std::string_view name;
+  int64_t milliseconds;
+};
+// Largest first: emit() picks the largest unit that divides the value.
+inline constexpr DurationUnit kDurationUnits[] = {{"h", 3'600'000}, {"min", 60'000}, {"s", 1'000}, {"ms", 1}};
+
+template <>
+struct Codec<milliseconds> {
+  static std::string type() { return "duration"; }
+  static std::optional<milliseconds> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string_view text = trim(node.Scalar());
+    const std::size_t split = text.find_first_not_of("0123456789.");
+    if (split == 0 || split == std::string_view::npos) return std::nullopt;  // a bare number has no unit
+    double amount = 0.0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + split, amount);
+    if (error != std::errc() || end != text.data() + split) return std::nullopt;
+    const std::string unit = to_lower(trim(text.substr(split)));
+    for (const DurationUnit& candidate : kDurationUnits) {
+      if (unit != candidate.name && !(unit == "m" && candidate.name == "min")) continue;
+      const double ms = amount * static_cast<double>(candidate.milliseconds);
+      if (ms != static_cast<double>(static_cast<int64_t>(ms))) return std::nullopt;  // below a millisecond
+      return milliseconds(static_cast<int64_t>(ms));
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, milliseconds value) {
+    for (const DurationUnit& unit : kDurationUnits) {
+      if (value.count() % unit.milliseconds == 0) {
+        out << std::to_string(value.count() / unit.milliseconds) + std::string(unit.name);
+        return;
+      }
+    }
+  }
+};
+
+inline constexpr parallel::Backend kBackends[] = {parallel::Backend::kGloo, parallel::Backend::kNccl};
+
+template <>
+struct Codec<parallel::Backend> {
+  static std::string type() {
+    std::vector<std::string_view> names;
+    for (parallel::Backend backend : kBackends) names.push_back(parallel::to_string(backend));
+    return utils::join(names, " or ");
+  }
+  static std::optional<parallel::Backend> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string text = to_lower(trim(node.Scalar()));
+    for (parallel::Backend backend : kBackends) {
+      if (text == parallel::to_string(backend)) return backend;
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, parallel::Backend value) { out << std::string(parallel::to_string(value)); }
+};
+
+// Megatron-Core's AttnBackend names, reduced to the two bridge has.
+inline constexpr std::pair<models::AttnBackend, std::string_view> kAttnBackends[] = {
+    {models::AttnBackend::kAuto, "auto"}, {models::AttnBackend::kUnfused, "unfused"}};
+
+template <>
+struct Codec<models::AttnBackend> {
+  static std::string type() { return "auto or unfused"; }
+  static std::optional<models::AttnBackend> parse(const YAML::Node& node) {
+    if (!node.IsScalar()) return std::nullopt;
+    const std::string text = to_lower(trim(node.Scalar()));
+    for (const auto& [backend, name] : kAttnBackends) {
+      if (text == name) return backend;
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, models::AttnBackend value) {
+    for (const auto& [backend, name] : kAttnBackends) {
+      if (value == backend) out << std::string(name);
+    }
+  }
+};
+
+// Megatron-Core's activation names for the two GeLUs. Megatron-Bridge's YAML dumps write the function as
+// {_target_: torch.nn.functional.gelu, _call_: false}: its last name is read.
+inline constexpr std::pair<models::ActivationFunc, std::string_view> kActivations[] = {
+    {models::ActivationFunc::kGelu, "gelu"},
+    {models::ActivationFunc::kOpenaiGelu, "openai_gelu"},
+    {models::ActivationFunc::kOpenaiGelu, "fast_gelu"}};
+
+template <>
+struct Codec<models::ActivationFunc> {
+  static std::string type() { return "gelu or openai_gelu"; }
+  static std::optional<models::ActivationFunc> parse(const YAML::Node& node) {
+    std::string text;
+    if (node.IsMap() && node["_target_"] && node["_target_"].IsScalar()) {
+      text = node["_target_"].Scalar();
+      text = text.substr(text.rfind('.') + 1);
+    } else if (node.IsScalar()) {
+      text = to_lower(trim(node.Scalar()));
+    } else {
+      return std::nullopt;
+    }
+    for (const auto& [activation, name] : kActivations) {
+      if (text == name) return activation;
+    }
+    return std::nullopt;
+  }
+  static void emit(YAML::Emitter& out, models::ActivationFunc value) {
+    for (const auto& [activation, name] : kActivations) {
+      if (value == activation) {
+        out << std::string(name);
+        return;
+      }
+    }
+  }
+};
+
+// Options keep the YAML text they were written as: a scalar as it reads, anything else in flow style.
+inline std::string yaml_text(const YAML::Node& node) {
+  // A quoted scalar ("null", "3", "a: b") stays quoted, so that reading the text again gives the same string.
+  if (node.IsScalar() && node.Tag() == "!") {
+    YAML::Emitter out;
+    out << YAML::DoubleQuoted << node.Scalar();
+    return out.c_str();
+  }
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+}  // namespace bridge::training::detail

@@ -1,0 +1,251 @@
+// The config key table: one field(...) row per user-settable member of ConfigContainer, with its help text. A field
+// added to config.h belongs here too (config_yaml_test compares this table with the members declared in the headers).
+#include "training/config_table.h"
+
+namespace bridge::training::detail {
+
+using C = ConfigContainer;
+using models::GPTConfig;
+using parallel::distributed::DistributedDataParallelConfig;
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      field("model.num_layers", &C::model, &GPTConfig::num_layers, "Transformer layers."),
+      field("model.hidden_size", &C::model, &GPTConfig::hidden_size, "Width of the residual stream."),
+      field("model.num_attention_heads", &C::model, &GPTConfig::num_attention_heads,
+            "Attention heads; divides model.hidden_size and parallelism.tensor_model_parallel_size divides it."),
+      field("model.ffn_hidden_size", &C::model, &GPTConfig::ffn_hidden_size, "MLP width; 0 = 4 x model.hidden_size."),
+      field("model.vocab_size", &C::model, &GPTConfig::vocab_size,
+            "Tokenizer vocabulary (257 for the byte-level tokenizer with its end-of-document token, 50257 for GPT-2)."),
+      field("model.make_vocab_size_divisible_by", &C::model, &GPTConfig::make_vocab_size_divisible_by,
+            "The embedding is padded to a multiple of this x the tensor-parallel size."),
+      field("model.seq_length", &C::model, &GPTConfig::seq_length, "Tokens per sample (and positions embedded)."),
+      field("model.hidden_dropout", &C::model, &GPTConfig::hidden_dropout, "Dropout after attention and MLP."),
+      field("model.attention_dropout", &C::model, &GPTConfig::attention_dropout, "Dropout on attention weights."),
+      field("model.attention_backend", &C::model, &GPTConfig::attention_backend,
+            "auto = scaled_dot_product_attention on LibTorch 2.x; unfused = explicit softmax(QK^T)V."),
+      field("model.activation_func", &C::model, &GPTConfig::activation_func,
+            "The MLP's GeLU: gelu (exact erf) or openai_gelu (tanh approximation: GPT-2's gelu_new; fast_gelu)."),
+      field("model.layernorm_epsilon", &C::model, &GPTConfig::layernorm_epsilon, "LayerNorm epsilon."),
+      field("model.init_method_std", &C::model, &GPTConfig::init_method_std,
+            "Std of the normal weight initialisation (output projections: std / sqrt(2 x num_layers))."),
+      field("model.init_seed", &C::model, &GPTConfig::init_seed,
+            "Seed of the weight initialisation; any tp/pp layout starts from the same weights."),
+      field("model.share_embeddings_and_output_weights", &C::model, &GPTConfig::share_embeddings_and_output_weights,
+            "Tie the output layer to the word embedding (GPT-2)."),
+      field("model.gradient_accumulation_fusion", &C::model, &GPTConfig::gradient_accumulation_fusion,
+            "Weight gradients (GEMMs, embedding) add straight into the grad buffer (Megatron's fusion); off for "
+            "autograd::grad()."),
+
+      field("train.micro_batch_size", &C::train, &TrainingConfig::micro_batch_size,
+            "Samples per forward/backward pass on one rank."),
+      field("train.global_batch_size", &C::train, &TrainingConfig::global_batch_size,
+            "Samples per optimizer step over all data-parallel ranks (micro_batch_size x dp x micro-batches)."),
+      field("train.train_iters", &C::train, &TrainingConfig::train_iters, "Optimizer steps to train."),
+      field("train.eval_interval", &C::train, &TrainingConfig::eval_interval,
+            "Validate every this many steps; 0 = only after training."),
+      field("train.eval_iters", &C::train, &TrainingConfig::eval_iters,
+            "Steps per validation or test; 0 disables both."),
+      field("train.skip_train", &C::train, &TrainingConfig::skip_train, "Skip training (evaluate only)."),
+      field("train.check_for_nan_in_loss_and_grad", &C::train, &TrainingConfig::check_for_nan_in_loss_and_grad,
+            "Fail the run when the gradient norm is NaN or infinite."),
+      field("train.num_threads", &C::train, &TrainingConfig::num_threads,
+            "Intra-op threads per rank; 0 = the node's cores divided among its ranks."),
+      field("train.exit_signal_handler", &C::train, &TrainingConfig::exit_signal_handler,
+            "On SIGTERM or SIGINT on any rank, save the same step on every rank and exit (preemption)."),
+      field("train.exit_interval", &C::train, &TrainingConfig::exit_interval,
+            "Save and exit after a step that is a multiple of this; null = never."),
+      field("train.exit_duration_in_mins", &C::train, &TrainingConfig::exit_duration_in_mins,
+            "Save and exit once the run has lasted this many minutes (on any rank); null = no limit."),
+
+      field("optimizer.optimizer", &C::optimizer, &OptimizerConfig::optimizer,
+            "adam (decoupled weight decay, i.e. AdamW) or sgd."),
+      field("optimizer.lr", &C::optimizer, &OptimizerConfig::lr, "Peak learning rate."),
+      field("optimizer.min_lr", &C::optimizer, &OptimizerConfig::min_lr, "Learning rate at the end of the decay."),
+      field("optimizer.weight_decay", &C::optimizer, &OptimizerConfig::weight_decay,
+            "Decoupled weight decay on matrices (none on biases and norm weights)."),
+      field("optimizer.adam_beta1", &C::optimizer, &OptimizerConfig::adam_beta1, "Adam beta1."),
+      field("optimizer.adam_beta2", &C::optimizer, &OptimizerConfig::adam_beta2, "Adam beta2."),
+      field("optimizer.adam_eps", &C::optimizer, &OptimizerConfig::adam_eps, "Adam epsilon."),
+      field("optimizer.sgd_momentum", &C::optimizer, &OptimizerConfig::sgd_momentum, "SGD momentum."),
+      field("optimizer.clip_grad", &C::optimizer, &OptimizerConfig::clip_grad,
+            "Clip the global gradient norm to this; 0 disables."),
+
+      field("scheduler.lr_warmup_iters", &C::scheduler, &SchedulerConfig::lr_warmup_iters,
+            "Steps of linear warmup from 0 to optimizer.lr."),
+      field("scheduler.lr_decay_iters", &C::scheduler, &SchedulerConfig::lr_decay_iters,
+            "Steps over which the learning rate decays to optimizer.min_lr; 0 = train.train_iters."),
+      field("scheduler.lr_decay_style", &C::scheduler, &SchedulerConfig::lr_decay_style,
+            "constant, linear, cosine or inverse-square-root."),
+
+      field("parallelism.tensor_model_parallel_size", &C::parallelism, &ParallelismConfig::tensor_model_parallel_size,
+            "Ranks each layer is split over (tp)."),
+      field("parallelism.pipeline_model_parallel_size", &C::parallelism,
+            &ParallelismConfig::pipeline_model_parallel_size,
+            "Pipeline stages (pp); the world size must be a multiple of tp x pp, the rest is data parallel."),
+      field("parallelism.virtual_pipeline_model_parallel_size", &C::parallelism,
+            &ParallelismConfig::virtual_pipeline_model_parallel_size,
+            "Model chunks per pipeline rank (interleaved 1F1B); null = the plain schedule."),
+      field("parallelism.microbatch_group_size_per_vp_stage", &C::parallelism,
+            &ParallelismConfig::microbatch_group_size_per_vp_stage,
+            "Micro-batch group size of the interleaved schedule; null = the pipeline size."),
+      field("parallelism.backend", &C::parallelism, &ParallelismConfig::backend,
+            "Collective backend; null = nccl on a CUDA device when LibTorch has NCCL, else gloo."),
+      field("parallelism.device", &C::parallelism, &ParallelismConfig::device,
+            "auto (cuda:LOCAL_RANK when every local rank has a GPU, else cpu), cuda, cuda:<index> or cpu."),
+      field("parallelism.timeout", &C::parallelism, &ParallelismConfig::timeout,
+            "Limit for every collective and process group creation (e.g. 30s, 10min, 1h)."),
+      field("parallelism.rendezvous_timeout", &C::parallelism, &ParallelismConfig::rendezvous_timeout,
+            "Limit for joining the world at start-up (reaching MASTER_ADDR:MASTER_PORT, every rank arriving); "
+            "then the ranks that never joined are named."),
+
+      field("ddp.overlap_grad_reduce", &C::ddp, &DistributedDataParallelConfig::overlap_grad_reduce,
+            "Start each gradient bucket's all-reduce during the last micro-batch's backward."),
+      field("ddp.average_in_collective", &C::ddp, &DistributedDataParallelConfig::average_in_collective,
+            "false: pre-scale gradients by 1/dp, then sum (Megatron's default)."),
+      field("ddp.bucket_size", &C::ddp, &DistributedDataParallelConfig::bucket_size,
+            "Elements per gradient bucket; 0 = max(40M, 1M x dp)."),
+      field("ddp.grad_reduce_in_fp32", &C::ddp, &DistributedDataParallelConfig::grad_reduce_in_fp32,
+            "Gradient buffer in fp32 for bf16/fp16 parameters; set from mixed_precision.grad_reduce_in_fp32 "
+            "when bf16 or fp16 is on."),
+
+      field("dataset.data_path", &C::dataset, &DatasetConfig::data_path,
+            "Megatron .bin/.idx path prefixes to train on; empty = mock data (random tokens)."),
+      field("dataset.split", &C::dataset, &DatasetConfig::split,
+            "Train/validation/test proportions over the documents, e.g. \"969,30,1\"."),
+      field("dataset.path_to_cache", &C::dataset, &DatasetConfig::path_to_cache,
+            "Where the sample indices are cached; empty = <prefix's folder>/cache/GPTDataset_indices."),
+      field("dataset.validate_tokens", &C::dataset, &DatasetConfig::validate_tokens,
+            "Check at startup that every token id is below model.vocab_size (reads the data once); null = when the "
+            "data is at most 4 GiB."),
+      field("dataset.reset_position_ids", &C::dataset, &DatasetConfig::reset_position_ids,
+            "Positions restart at 0 after each end-of-document token (Megatron's --reset-position-ids)."),
+      field("dataset.reset_attention_mask", &C::dataset, &DatasetConfig::reset_attention_mask,
+            "Tokens after an end-of-document token do not attend to it or before (an [s, s] mask per sample)."),
+      field("dataset.eod_mask_loss", &C::dataset, &DatasetConfig::eod_mask_loss,
+            "No loss on the token that follows an end-of-document token."),
+      field("dataset.eod_token_id", &C::dataset, &DatasetConfig::eod_token_id,
+            "The end-of-document token of those three; null = model.vocab_size - 1 (256 byte-level, 50256 GPT-2)."),
+      field("dataset.mid_level_dataset_surplus", &C::dataset, &DatasetConfig::mid_level_dataset_surplus,
+            "A blend builds each dataset this fraction beyond its share of the samples (Megatron's 0.005)."),
+
+      field("logging.log_interval", &C::logging, &LoggingConfig::log_interval,
+            "Print the training log line every this many steps."),
+      field("logging.tensorboard_dir", &C::logging, &LoggingConfig::tensorboard_dir,
+            "TensorBoard event files go here; empty = no TensorBoard."),
+      field("logging.jsonl_path", &C::logging, &LoggingConfig::jsonl_path,
+            "Append metrics as JSON lines to this file; empty = none."),
+      field("logging.tensorboard_log_interval", &C::logging, &LoggingConfig::tensorboard_log_interval,
+            "Write metrics every this many steps."),
+      field("logging.log_throughput", &C::logging, &LoggingConfig::log_throughput,
+            "Model TFLOP/s per device on the console line."),
+      field("logging.log_params_norm", &C::logging, &LoggingConfig::log_params_norm,
+            "The parameters' L2 norm on the line and in the writers."),
+      field("logging.log_memory_to_tensorboard", &C::logging, &LoggingConfig::log_memory_to_tensorboard,
+            "Write memory use to the metric writers."),
+      field("logging.log_l2_norm_grad_to_tensorboard", &C::logging, &LoggingConfig::log_l2_norm_grad_to_tensorboard,
+            "Write per-parameter and global gradient norms."),
+      field("logging.log_throughput_to_tensorboard", &C::logging, &LoggingConfig::log_throughput_to_tensorboard,
+            "Write throughput (rolling-window rates and the model TFLOP/s) to the metric writers."),
+      field("logging.throughput_window_size", &C::logging, &LoggingConfig::throughput_window_size,
+            "Steps in the rolling throughput window."),
+      field("logging.log_runtime_to_tensorboard", &C::logging, &LoggingConfig::log_runtime_to_tensorboard,
+            "Write the elapsed run time to the metric writers."),
+      field("logging.runtime_time_unit", &C::logging, &LoggingConfig::runtime_time_unit,
+            "Unit of the run time: seconds, minutes, hours or days."),
+      field("logging.log_loss_scale_to_tensorboard", &C::logging, &LoggingConfig::log_loss_scale_to_tensorboard,
+            "Write the loss scale to the metric writers."),
+      field("logging.log_world_size_to_tensorboard", &C::logging, &LoggingConfig::log_world_size_to_tensorboard,
+            "Write the world size to the metric writers."),
+      field("logging.log_timers_to_tensorboard", &C::logging, &LoggingConfig::log_timers_to_tensorboard,
+            "Write iteration-time (seconds per step) to the metric writers."),
+      field("logging.log_validation_ppl_to_tensorboard", &C::logging, &LoggingConfig::log_validation_ppl_to_tensorboard,
+            "Write the validation and test perplexity beside their losses to the metric writers."),
+
+      field("rng.seed", &C::rng, &RNGConfig::seed, "Seed of the data order and dropout."),
+
+      field("checkpoint.save", &C::checkpoint, &CheckpointConfig::save,
+            "Directory for checkpoints; empty = never save."),
+      field("checkpoint.save_interval", &C::checkpoint, &CheckpointConfig::save_interval,
+            "Save every this many steps; 0 = only at the end (when checkpoint.save is set)."),
+      field("checkpoint.load", &C::checkpoint, &CheckpointConfig::load,
+            "Directory to resume from (its latest checkpoint, or checkpoint.ckpt_step); empty = none. It must "
+            "exist; a directory without checkpoints starts from scratch."),
+      field("checkpoint.ckpt_step", &C::checkpoint, &CheckpointConfig::ckpt_step,
+            "Iteration of checkpoint.load to resume from; null = the latest."),
+      field("checkpoint.pretrained_checkpoint", &C::checkpoint, &CheckpointConfig::pretrained_checkpoint,
+            "Directory to take the weights from (fresh optimizer, scheduler and step) when nothing is resumed; "
+            "hf:<dir> takes them from a Hugging Face GPT-2 (config.json + model.safetensors)."),
+      field("checkpoint.finetune", &C::checkpoint, &CheckpointConfig::finetune,
+            "Load only the model from checkpoint.load; start at step 0 with a fresh optimizer and RNG."),
+      field("checkpoint.no_load_optim", &C::checkpoint, &CheckpointConfig::no_load_optim,
+            "Do not load the optimizer state (nor the fp16 loss scale)."),
+      field("checkpoint.no_load_rng", &C::checkpoint, &CheckpointConfig::no_load_rng,
+            "Do not load the RNG states; keep those seeded from rng.seed."),
+      field("checkpoint.auto_resume", &C::checkpoint, &CheckpointConfig::auto_resume,
+            "Resume from checkpoint.save when it holds checkpoints and nothing else is loaded; a damaged latest "
+            "checkpoint falls back to the newest complete older one (the damaged one kept as iter_N.damaged). "
+            "false = stop with an error instead of overwriting them."),
+      field("checkpoint.most_recent_k", &C::checkpoint, &CheckpointConfig::most_recent_k,
+            "Keep only the newest this many checkpoints in checkpoint.save; -1 = keep all."),
+      field("checkpoint.async_save", &C::checkpoint, &CheckpointConfig::async_save,
+            "Write checkpoint files on a background thread while training goes on; on_checkpoint_save fires once "
+            "the checkpoint is complete."),
+
+      field("mixed_precision.bf16", &C::mixed_precision, &MixedPrecisionConfig::bf16,
+            "Parameters and compute in bfloat16, fp32 master weights in the optimizer. `mixed_precision: "
+            "bf16_mixed` (or fp16_mixed, fp32) sets the whole section as Megatron-Bridge's recipes."),
+      field("mixed_precision.fp16", &C::mixed_precision, &MixedPrecisionConfig::fp16,
+            "Parameters and compute in float16 with loss scaling, fp32 master weights in the optimizer."),
+      field("mixed_precision.grad_reduce_in_fp32", &C::mixed_precision, &MixedPrecisionConfig::grad_reduce_in_fp32,
+            "With bf16/fp16: accumulate and all-reduce gradients in fp32 (sets ddp.grad_reduce_in_fp32)."),
+      field("mixed_precision.loss_scale", &C::mixed_precision, &MixedPrecisionConfig::loss_scale,
+            "fp16: a static loss scale; null = dynamic loss scaling."),
+      field("mixed_precision.initial_loss_scale", &C::mixed_precision, &MixedPrecisionConfig::initial_loss_scale,
+            "fp16: the dynamic loss scale's start (2^32)."),
+      field("mixed_precision.min_loss_scale", &C::mixed_precision, &MixedPrecisionConfig::min_loss_scale,
+            "fp16: the dynamic loss scale never halves below this."),
+      field("mixed_precision.loss_scale_window", &C::mixed_precision, &MixedPrecisionConfig::loss_scale_window,
+            "fp16: clean steps before the dynamic loss scale doubles."),
+      field("mixed_precision.hysteresis", &C::mixed_precision, &MixedPrecisionConfig::hysteresis,
+            "fp16: overflowing steps tolerated before the dynamic loss scale halves."),
+  };
+  return table;
+}
+
+std::string_view section_of(std::string_view key) { return key.substr(0, key.find('.')); }
+std::string_view leaf_of(std::string_view key) { return key.substr(key.rfind('.') + 1); }
+
+const Field* find_field(std::string_view key) {
+  for (const Field& f : fields()) {
+    if (f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+bool is_section(std::string_view path) {
+  for (const Field& f : fields()) {
+    if (f.key.size() > path.size() && f.key.compare(0, path.size(), path) == 0 && f.key[path.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> sections() {
+  std::vector<std::string> names;
+  for (const Field& f : fields()) {
+    const std::string name(section_of(f.key));
+    if (names.empty() || names.back() != name) names.push_back(name);
+  }
+  return names;
+}
+
+std::string emit_value(const Field& f, const ConfigContainer& config) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  f.emit(out, config);
+  return out.c_str();
+}
+
+}  // namespace bridge::training::detail
