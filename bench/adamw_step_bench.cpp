@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bench/gpt_bench_model.h"
-#include "training/fused_adam.h"
+#include "training/optimizer/fused_adam.h"
 
 namespace {
 

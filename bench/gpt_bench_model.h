@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::bench {
 

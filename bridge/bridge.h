@@ -3,7 +3,7 @@
 
 #include "bridge/models/gpt_model.h"
 #include "training/callbacks.h"
-#include "training/config_yaml.h"
-#include "training/optimizer_param_scheduler.h"
+#include "training/config/config_yaml.h"
+#include "training/optimizer/optimizer_param_scheduler.h"
 #include "training/preflight.h"
 #include "training/pretrain.h"

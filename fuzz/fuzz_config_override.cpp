@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz/fuzz_support.h"
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 
 using bridge::training::ConfigContainer;
 using bridge::training::ConfigError;

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "training/checkpointing.h"
-#include "training/saved_checkpoint.h"
+#include "training/checkpointing/checkpointing.h"
+#include "training/checkpointing/saved_checkpoint.h"
 #include "utils/exception_message.h"
 
 namespace {

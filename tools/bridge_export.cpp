@@ -13,7 +13,7 @@
 #include <string>
 
 #include "bridge/hf/gpt2.h"
-#include "training/saved_checkpoint.h"
+#include "training/checkpointing/saved_checkpoint.h"
 #include "utils/exception_message.h"
 
 namespace {

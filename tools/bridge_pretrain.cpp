@@ -19,7 +19,7 @@
 #include "parallel/parallel_state.h"
 #include "tools/tiny_corpus.h"
 #include "tools/tiny_recipe.h"
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 #include "training/preflight.h"
 #include "training/utils/theoretical_memory.h"
 #include "utils/exception_message.h"

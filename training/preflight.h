@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training {
 

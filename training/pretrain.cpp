@@ -10,7 +10,7 @@
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
 #include "training/callbacks/registry.h"
-#include "training/checkpointing.h"
+#include "training/checkpointing/checkpointing.h"
 #include "training/datasets/gpt_dataset.h"
 #include "training/preflight.h"
 #include "training/pretrain_setup.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "training/callbacks/callback_manager.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/forward_step.h"
 #include "training/state.h"
 

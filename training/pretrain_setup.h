@@ -14,18 +14,18 @@
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "training/callbacks/callback_context.h"
 #include "training/callbacks/callback_manager.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/data.h"
 #include "training/forward_step.h"
-#include "training/mixed_precision.h"
-#include "training/optimizer_param_scheduler.h"
+#include "training/optimizer/mixed_precision.h"
+#include "training/optimizer/optimizer_param_scheduler.h"
 #include "training/state.h"
 #include "training/training_logger.h"
 #include "utils/exit_signal.h"
 
 namespace bridge::training {
 
-struct PendingCheckpoint;  // training/checkpointing.cpp
+struct PendingCheckpoint;  // training/checkpointing/checkpointing.cpp
 
 struct PretrainSetup {
   ConfigContainer config;

@@ -24,7 +24,7 @@ struct ConfigContainer;
 /// Everything the loop owns and callbacks may look at.
 struct GlobalState {
   TrainState train_state;
-  /// The run's validated configuration (set by pretrain(); include "training/config.h" to read it).
+  /// The run's validated configuration (set by pretrain(); include "training/config/config.h" to read it).
   const ConfigContainer* cfg = nullptr;
 };
 

@@ -19,8 +19,8 @@
 #include "parallel/distributed/finalize_model_grads.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
-#include "training/clip_grads.h"
-#include "training/optimizer.h"
+#include "training/optimizer/clip_grads.h"
+#include "training/optimizer/optimizer.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "parallel/distributed.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::testing {
 

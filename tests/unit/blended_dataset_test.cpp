@@ -15,7 +15,7 @@
 #include <random>
 
 #include "tests/unit/datasets_test_support.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/datasets/gpt_dataset.h"
 
 namespace bridge::training::datasets {

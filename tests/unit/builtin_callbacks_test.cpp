@@ -19,7 +19,7 @@
 #include "parallel/parallel_state.h"
 #include "tests/unit/callback_test_support.h"
 #include "training/callbacks.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/utils/flop_utils.h"
 
 namespace bridge::training {

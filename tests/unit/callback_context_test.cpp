@@ -6,7 +6,7 @@
 
 #include "tests/unit/callback_test_support.h"
 #include "training/callbacks.h"
-#include "training/optimizer_param_scheduler.h"
+#include "training/optimizer/optimizer_param_scheduler.h"
 
 namespace bridge::training {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 
 namespace bridge::training::testing {
 

@@ -1,7 +1,7 @@
 // YAML configs and overrides: parsing over the defaults, every value type, the errors users meet (unknown keys with a
 // suggestion, wrong types, bad YAML with its line), the round trip through to_yaml, the key reference, the shipped
 // recipes, and a check that the key table covers every field the config headers declare.
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -326,14 +326,14 @@ std::string read_file(const fs::path& path) {
 TEST(ConfigYaml, TheKeyTableCoversEveryFieldOfTheConfigHeaders) {
   // Where the section structs live; a section type defined elsewhere fails below, naming it.
   std::string headers;
-  for (const char* header : {"training/config.h", "bridge/models/gpt_config.h", "training/optimizer.h",
+  for (const char* header : {"training/config/config.h", "bridge/models/gpt_config.h", "training/optimizer/optimizer.h",
                              "parallel/distributed/distributed_data_parallel.h"}) {
     headers += read_file(kSourceDir / header);
   }
   const std::set<std::string> not_settable = {"dataset.provider"};  // code, not data
 
   const auto sections = declared_members(headers, "ConfigContainer");
-  ASSERT_GE(sections.size(), 10u) << "could not read ConfigContainer's members from training/config.h";
+  ASSERT_GE(sections.size(), 10u) << "could not read ConfigContainer's members from training/config/config.h";
   std::set<std::string> declared;
   for (const auto& [type, section] : sections) {
     if (section == "callbacks") continue;  // a list of entries, not a section (CallbacksFromYaml tests it)
@@ -350,7 +350,7 @@ TEST(ConfigYaml, TheKeyTableCoversEveryFieldOfTheConfigHeaders) {
   for (const std::string& key : declared) {
     EXPECT_TRUE(table.count(key)) << key
                                   << " is declared in the config headers but missing from the key table in "
-                                     "training/config_table.cpp (add a field(...) row)";
+                                     "training/config/config_table.cpp (add a field(...) row)";
   }
   for (const std::string& key : table) EXPECT_TRUE(declared.count(key)) << key << " is in the table only";
   // The parser sees multi-declarator lines, wrapped initialisers and optionals.

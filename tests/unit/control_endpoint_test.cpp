@@ -27,7 +27,7 @@
 #include "bridge/bridge.h"
 #include "tests/unit/control_endpoint_test_support.h"
 #include "training/callbacks/callback_manager.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training {
 namespace {

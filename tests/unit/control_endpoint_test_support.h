@@ -20,7 +20,7 @@
 
 #include "training/callbacks/callback_manager.h"
 #include "training/callbacks/control_endpoint.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training::testing {
 

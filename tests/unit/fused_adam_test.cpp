@@ -1,7 +1,7 @@
 // FusedAdamW against torch::optim::AdamW: the same parameters after N steps of random grads over two groups (decay
 // and no decay) with the lr changed between steps as the scheduler changes it; state that saves from one and loads
 // into the other; amsgrad.
-#include "training/fused_adam.h"
+#include "training/optimizer/fused_adam.h"
 
 #include <gtest/gtest.h>
 #include <torch/version.h>

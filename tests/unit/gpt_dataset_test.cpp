@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "tests/unit/datasets_test_support.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/datasets/md5.h"
 #include "training/datasets/npy.h"
 #include "training/datasets/numpy_random_state.h"

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "tests/unit/config_test_support.h"
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 
 namespace bridge::training {
 namespace {

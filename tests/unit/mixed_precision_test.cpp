@@ -1,7 +1,7 @@
-// Mixed precision (training/mixed_precision.h, the DDP's fp32 main grads, pretrain() with bf16/fp16): Megatron's
-// grad scalers step by step, the mixed_precision config and recipes, fp32 main grads under bf16 params, an fp16 step
-// with an injected inf that is skipped, and a bf16 run that follows the fp32 loss curve.
-#include "training/mixed_precision.h"
+// Mixed precision (training/optimizer/mixed_precision.h, the DDP's fp32 main grads, pretrain() with bf16/fp16):
+// Megatron's grad scalers step by step, the mixed_precision config and recipes, fp32 main grads under bf16 params, an
+// fp16 step with an injected inf that is skipped, and a bf16 run that follows the fp32 loss curve.
+#include "training/optimizer/mixed_precision.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,7 +18,7 @@
 #include "parallel/distributed.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/parallel_state.h"
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 
 namespace bridge::training {
 namespace {

@@ -1,5 +1,5 @@
 // OptimizerParamScheduler against Megatron's formulas, evaluated by hand, and its option validation.
-#include "training/optimizer_param_scheduler.h"
+#include "training/optimizer/optimizer_param_scheduler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

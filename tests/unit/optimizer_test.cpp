@@ -1,6 +1,6 @@
 // The optimizer, the grad norm and clipping, and DistributedDataParallel in a world of one: parameter groups,
 // AdamW equivalence, config errors, counted-once norms, and grads that live in the contiguous buffer.
-#include "training/optimizer.h"
+#include "training/optimizer/optimizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include "parallel/distributed/finalize_model_grads.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
-#include "training/clip_grads.h"
+#include "training/optimizer/clip_grads.h"
 
 namespace bridge::training {
 namespace {

@@ -17,7 +17,7 @@
 #include "parallel/parallel_state.h"
 #include "tests/unit/callback_test_support.h"
 #include "training/callbacks.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/datasets/tokenizer.h"
 
 namespace bridge::training {

@@ -20,7 +20,7 @@
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "utils/durable_file.h"
 #include "utils/logging.h"
 #include "utils/strings.h"

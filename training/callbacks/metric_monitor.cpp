@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "parallel/parallel_state.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "utils/closest_match.h"
 #include "utils/logging.h"
 #include "utils/strings.h"

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "parallel/distributed.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "utils/logging.h"
 #include "utils/strings.h"
 

@@ -19,7 +19,7 @@
 #include "training/callbacks/text_generator.h"
 #include "training/callbacks/threshold_stopper.h"
 #include "training/callbacks/time_limit.h"
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 #include "utils/closest_match.h"
 #include "utils/strings.h"
 

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training {
 inline namespace callbacks {

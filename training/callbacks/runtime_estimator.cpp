@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/utils/train_utils.h"
 #include "utils/strings.h"
 

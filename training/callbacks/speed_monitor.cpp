@@ -8,7 +8,7 @@
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/utils/cuda_memory.h"
 #include "training/utils/flop_utils.h"
 #include "training/utils/train_utils.h"

@@ -13,9 +13,9 @@
 #include "bridge/models/gpt_model.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/inference.h"
-#include "training/mixed_precision.h"
+#include "training/optimizer/mixed_precision.h"
 #include "utils/logging.h"
 
 namespace bridge::training {

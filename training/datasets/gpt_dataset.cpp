@@ -13,7 +13,7 @@
 #include <string_view>
 #include <utility>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/datasets/blended_dataset.h"
 #include "training/datasets/md5.h"
 #include "training/datasets/npy.h"

@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "parallel/tensor_parallel/vocab_utils.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training::utils {
 

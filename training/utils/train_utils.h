@@ -23,7 +23,7 @@
 
 #include "parallel/process_group.h"
 #include "training/callbacks/callback_context.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/state.h"
 
 namespace bridge::training::utils {

@@ -1,5 +1,5 @@
 // FusedAdamW::step: gathers each group's parameters, grads and AdamW state into lists and runs at::_fused_adamw_.
-#include "training/fused_adam.h"
+#include "training/optimizer/fused_adam.h"
 
 #include <torch/version.h>
 

@@ -1,5 +1,5 @@
 // build_optimizer and OptimizerConfig validation.
-#include "training/optimizer.h"
+#include "training/optimizer/optimizer.h"
 
 #include <cmath>
 #include <sstream>
@@ -7,7 +7,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "training/fused_adam.h"
+#include "training/optimizer/fused_adam.h"
 
 namespace bridge::training {
 namespace {

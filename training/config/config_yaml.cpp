@@ -1,6 +1,6 @@
 // ConfigContainer from YAML: recipes, overrides (with Megatron-Bridge's names and Hydra's forms) and the callbacks
 // list, applied through the key table (config_table.h); and back to YAML (to_yaml, --print-config).
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -14,8 +14,8 @@
 #include <utility>
 
 #include "training/callbacks/registry.h"
-#include "training/config_table.h"
-#include "training/megatron_bridge_keys.h"
+#include "training/config/config_table.h"
+#include "training/config/megatron_bridge_keys.h"
 #include "utils/closest_match.h"
 #include "utils/strings.h"
 

@@ -1,6 +1,6 @@
 // load_saved_weights: common.pt's index names the files holding each tensor; each file's shard metadata places its
 // slice in the global tensor. verify_checkpoint: every file of an iteration, read through the verifying loader.
-#include "training/saved_checkpoint.h"
+#include "training/checkpointing/saved_checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,9 +8,9 @@
 #include <stdexcept>
 
 #include "parallel/dist_checkpointing/sharded_tensor.h"
-#include "training/checkpoint_state.h"
-#include "training/checkpointing.h"
-#include "training/config_yaml.h"
+#include "training/checkpointing/checkpoint_state.h"
+#include "training/checkpointing/checkpointing.h"
+#include "training/config/config_yaml.h"
 #include "utils/exception_message.h"
 #include "utils/torch_pickle.h"
 

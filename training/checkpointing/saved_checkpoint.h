@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training {
 

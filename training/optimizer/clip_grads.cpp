@@ -1,6 +1,6 @@
 // Grad norm and clipping: one norm kernel per gradient, the per-tensor norms stacked and squared in one pass, one
 // all-reduce of a single number over the model-parallel group and one read back.
-#include "training/clip_grads.h"
+#include "training/optimizer/clip_grads.h"
 
 #include <cmath>
 #include <stdexcept>

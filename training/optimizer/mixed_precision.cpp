@@ -1,5 +1,5 @@
 // GradScaler and MixedPrecision: Megatron's loss scaling and fp32 main parameters (see mixed_precision.h).
-#include "training/mixed_precision.h"
+#include "training/optimizer/mixed_precision.h"
 
 #include <algorithm>
 #include <stdexcept>

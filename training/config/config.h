@@ -22,7 +22,7 @@
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/process_group.h"
 #include "training/data.h"
-#include "training/optimizer.h"
+#include "training/optimizer/optimizer.h"
 
 namespace bridge::training {
 

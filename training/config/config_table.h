@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "training/config.h"
-#include "training/config_codecs.h"
+#include "training/config/config.h"
+#include "training/config/config_codecs.h"
 
 namespace bridge::training::detail {
 

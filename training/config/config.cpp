@@ -1,5 +1,5 @@
 // ConfigContainer validation: all of it before anything is built, each error naming the field and the fix.
-#include "training/config.h"
+#include "training/config/config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "training/callbacks/registry.h"
 #include "training/datasets/gpt_dataset.h"
-#include "training/optimizer_param_scheduler.h"
+#include "training/optimizer/optimizer_param_scheduler.h"
 #include "utils/check.h"
 
 namespace bridge::training {

@@ -1,6 +1,6 @@
 // A rank's checkpoint dict (save side) and loading it back into the model, the fp32 main params, the optimizer, the
 // scheduler, the counters and the RNG streams, slice by slice through the shard metadata.
-#include "training/checkpoint_state.h"
+#include "training/checkpointing/checkpoint_state.h"
 
 #include <cstdio>
 #include <optional>
@@ -10,8 +10,8 @@
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/random.h"
-#include "training/config_yaml.h"
-#include "training/optimizer.h"
+#include "training/config/config_yaml.h"
+#include "training/optimizer/optimizer.h"
 
 namespace bridge::training {
 namespace dc = parallel::dist_checkpointing;

@@ -11,9 +11,9 @@
 //   std::cout << to_yaml(config);  // load_config_yaml_string(to_yaml(config)) gives config back
 //
 // Megatron-Bridge's ConfigContainer names are read too (logger.*, dist.*, model.tensor_model_parallel_size,
-// dataset.seq_length, ...; training/megatron_bridge_keys.h): two spellings of one key in a document must agree. A
-// null sets a key that takes none to its default, as Megatron-Bridge's null leaves a field to be derived.
-// Unknown keys, wrong types and bad YAML throw ConfigError naming the key (or file:line) and the closest valid key;
+// dataset.seq_length, ...; training/config/megatron_bridge_keys.h): two spellings of one key in a document must agree.
+// A null sets a key that takes none to its default, as Megatron-Bridge's null leaves a field to be derived. Unknown
+// keys, wrong types and bad YAML throw ConfigError naming the key (or file:line) and the closest valid key;
 // combinations that cannot work are left to ConfigContainer::validate. A top-level `callbacks:` list names built-in
 // callbacks with their options (training/callbacks/registry.h), checked the same way:
 //
@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training {
 
@@ -60,7 +60,7 @@ void merge_config_yaml(ConfigContainer& config, std::string_view text, std::stri
 /// Applies one override "a.b.c=value"; the value is read as YAML: `5`, `3e-4`, `true`, `[a, b]`, `null` (optional
 /// fields; elsewhere the default), `10min` (durations), or a string. A section may be set as a whole:
 /// `model={num_layers: 2}`. Hydra's `+a.b=value` and `++a.b=value` set the key too, `~a.b` resets it to its default.
-/// Keys may be Megatron-Bridge's names (training/megatron_bridge_keys.h): `model.tensor_model_parallel_size=2`.
+/// Keys may be Megatron-Bridge's names (training/config/megatron_bridge_keys.h): `model.tensor_model_parallel_size=2`.
 void apply_override(ConfigContainer& config, std::string_view assignment);
 
 /// A value written in YAML (`3`, `0.5`, `true`, `10min`, `[a, b]`, `null`) read as T the way config keys are read;

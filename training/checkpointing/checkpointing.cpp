@@ -1,6 +1,6 @@
 // save_checkpoint: the directory layout, the tracker, the tensor index in common.pt, leftovers of killed runs and
 // most_recent_k, synchronously or on a thread; and what save and load share (checkpointing_internal.h).
-#include "training/checkpointing.h"
+#include "training/checkpointing/checkpointing.h"
 
 #include <cctype>
 #include <chrono>
@@ -16,8 +16,8 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "training/callbacks/callback_state.h"
-#include "training/checkpoint_state.h"
-#include "training/checkpointing_internal.h"
+#include "training/checkpointing/checkpoint_state.h"
+#include "training/checkpointing/checkpointing_internal.h"
 #include "utils/durable_file.h"
 #include "utils/exception_message.h"
 #include "utils/logging.h"

@@ -1,5 +1,5 @@
 // OptimizerParamScheduler: Megatron's get_lr arithmetic, step by step.
-#include "training/optimizer_param_scheduler.h"
+#include "training/optimizer/optimizer_param_scheduler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "utils/strings.h"
 
 namespace bridge::training::detail {

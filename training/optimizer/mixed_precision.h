@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "parallel/process_group.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace bridge::training {
 

@@ -1,6 +1,6 @@
 // The table of Megatron-Bridge's key names (its ConfigContainer at NVIDIA-NeMo/Megatron-Bridge 067f987, whose
 // sections mostly subclass Megatron-LM's megatron.training.config) and what each does in bridge.
-#include "training/megatron_bridge_keys.h"
+#include "training/config/megatron_bridge_keys.h"
 
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
 // The config key table: one field(...) row per user-settable member of ConfigContainer, with its help text. A field
 // added to config.h belongs here too (config_yaml_test compares this table with the members declared in the headers).
-#include "training/config_table.h"
+#include "training/config/config_table.h"
 
 namespace bridge::training::detail {
 
