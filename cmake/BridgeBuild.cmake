@@ -25,6 +25,14 @@ if(BRIDGE_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+if(BRIDGE_TSAN)
+  if(BRIDGE_SANITIZE)
+    message(FATAL_ERROR "BRIDGE_TSAN and BRIDGE_SANITIZE cannot be combined (ThreadSanitizer excludes AddressSanitizer): "
+                        "configure a separate build directory for each")
+  endif()
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()
 
 # The one precompiled header every bridge target reuses: parsing LibTorch's headers costs ~20 s per file, after this
 # a file that includes them compiles in a few seconds.
