@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tests/dist/spawn.h"
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
 #include "utils/net.h"
 
 namespace bridge::testing {
@@ -234,7 +234,8 @@ TEST_F(Cli, ConfigErrorsExitTwoNamingTheKeyOnce) {
 #if defined(BRIDGE_EXAMPLE_PLUGIN)
 // A callback plugin (examples/plugin/) that bridge-pretrain loads from the recipe on every rank under mpirun: its
 // callback logs on both data-parallel ranks (each holds the losses) and its stop after step 2 ends both. A library
-// of another plugin protocol, one that is no plugin, and a missing file are config errors (exit 2) naming the entry.
+// of another plugin protocol, one that is no plugin, a truncated one and a missing file are config errors (exit 2)
+// naming the entry.
 TEST_F(Cli, MpirunLoadsACallbackPluginFromTheRecipe) {
   const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
                                            "-x",     "XDG_CACHE_HOME"};
@@ -258,6 +259,16 @@ TEST_F(Cli, MpirunLoadsACallbackPluginFromTheRecipe) {
   const RankResult not_a_plugin = run(quick({entry(BRIDGE_PRETRAIN)}));  // an executable cannot be dlopen'ed
   EXPECT_EQ(not_a_plugin.exit_code, 2) << not_a_plugin.output;
   EXPECT_THAT(not_a_plugin.output, HasSubstr("callbacks[0].path: cannot load"));
+  // A plugin cut short (a partial copy, a full disk): dlopen would map it past its end and die of SIGBUS.
+  const fs::path truncated = cache_ / "libtruncated_plugin.so";
+  fs::create_directories(cache_);
+  fs::copy_file(BRIDGE_EXAMPLE_PLUGIN, truncated, fs::copy_options::overwrite_existing);
+  fs::resize_file(truncated, fs::file_size(truncated) / 2);
+  const RankResult cut = run(quick({entry(truncated.string())}), mpirun);
+  EXPECT_EQ(cut.exit_code, 2) << cut.output;
+  EXPECT_THAT(cut.output, AllOf(HasSubstr("callbacks[0].path: '" + truncated.string() +
+                                          "' is not a loadable shared library: it is truncated"),
+                                HasSubstr("copy or build it again")));
   const RankResult missing = run(quick({entry("/nonexistent/libmine.so")}));
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_THAT(missing.output, HasSubstr("callbacks[0].path: no plugin at '/nonexistent/libmine.so'"));

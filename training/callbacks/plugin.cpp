@@ -1,4 +1,4 @@
-// Plugins: dlopen, the ABI check, and the options' typed reads.
+// Plugins: the file check, dlopen, the ABI check, and the options' typed reads.
 #include "training/callbacks/plugin.h"
 
 #include <dlfcn.h>
@@ -7,7 +7,8 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "training/config_yaml.h"
+#include "training/config/config_yaml.h"
+#include "utils/elf_file.h"
 
 namespace bridge::training {
 inline namespace callbacks {
@@ -47,6 +48,12 @@ RegisterCallbacksFn load_plugin(const std::string& path, std::string_view where_
   }
   std::lock_guard<std::mutex> lock(mutex);
   if (const auto it = loaded.find(canonical.string()); it != loaded.end()) return it->second;
+  // dlopen maps a truncated file past its end and dies of SIGBUS on the first missing page: check the headers first.
+  try {
+    utils::check_shared_object(canonical.string());
+  } catch (const std::invalid_argument& bad) {
+    throw std::invalid_argument(where + ".path: " + bad.what());
+  }
   void* library = ::dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     throw std::invalid_argument(where + ".path: cannot load '" + path + "': " + ::dlerror() +
