@@ -4,6 +4,7 @@
 
 #include <elf.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -45,11 +46,11 @@ void check_shared_object(const std::string& path) {
   const auto file_size = static_cast<std::uint64_t>(in.tellg());
   in.seekg(0);
   Elf64_Ehdr header{};
-  if (file_size < sizeof(header) || !in.read(reinterpret_cast<char*>(&header), sizeof(header))) {
-    if (file_size >= SELFMAG && std::memcmp(&header, ELFMAG, SELFMAG) != 0) fail(path, "it is not an ELF file");
-    fail(path, truncated("the ELF header", sizeof(header), file_size));
-  }
-  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) fail(path, "it is not an ELF file");
+  const auto head = static_cast<std::streamsize>(std::min<std::uint64_t>(file_size, sizeof(header)));
+  in.read(reinterpret_cast<char*>(&header), head);
+  if (!in) fail(path, "it cannot be read");
+  if (file_size >= SELFMAG && std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) fail(path, "it is not an ELF file");
+  if (file_size < sizeof(header)) fail(path, truncated("the ELF header", sizeof(header), file_size));
   if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_ident[EI_DATA] != ELFDATA2LSB) {
     fail(path, "it is not a 64-bit little-endian ELF file (built for another machine?)");
   }
