@@ -33,12 +33,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x):  # x: [s, b, h]
         s, b, h = x.shape
-        qkv = self.linear_qkv(x)
-
-        def heads(which):  # -> [b, heads, s, head_dim], as bridge's narrow/reshape/permute
-            return qkv.narrow(-1, which * h, h).reshape(s, b, self.heads, self.head_dim).permute(1, 2, 0, 3)
-
-        q, k, v = heads(0), heads(1), heads(2)
+        # Megatron-Core's layout, grouped by head ([q k v] per head), as bridge's view/narrow/select/permute.
+        qkv = self.linear_qkv(x).view(s, b, self.heads, 3, self.head_dim)
+        q = qkv.narrow(3, 0, 1).reshape(s, b, self.heads, self.head_dim).permute(1, 2, 0, 3)
+        k, v = qkv.select(3, 1).permute(1, 2, 0, 3), qkv.select(3, 2).permute(1, 2, 0, 3)
         if self.sdpa:
             context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.linear_proj(context.permute(2, 0, 1, 3).reshape(s, b, h))

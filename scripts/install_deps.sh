@@ -65,7 +65,7 @@ install_venv() {
   local wanted=(tensorboard)
   local check="import tensorboard"
   if [[ $libtorch == wheel ]]; then
-    # transformers' own GPT-2 is the reference of bridge's Hugging Face bridge (tests/tools/hf_gpt2.py); it needs
+    # transformers' own models are the reference of bridge's Hugging Face bridges (tests/tools/hf_models.py); it needs
     # torch 2.x, so only beside the wheel.
     wanted+=("torch==$torch_version" "transformers==$transformers_version" "safetensors==$safetensors_version")
     check+="; import torch; assert torch.__version__.split('+')[0] == '$torch_version'"

@@ -1,9 +1,10 @@
-// bridge-export: writes a Hugging Face GPT-2 directory (config.json + model.safetensors, which
-// GPT2LMHeadModel.from_pretrained loads) from a bridge checkpoint saved in any parallel layout; the reverse of
-// bridge-pretrain checkpoint.pretrained_checkpoint=hf:<dir>.
+// bridge-export: writes a Hugging Face directory (config.json + model.safetensors, which
+// AutoModelForCausalLM.from_pretrained loads) from a bridge checkpoint saved in any parallel layout; the reverse of
+// bridge-pretrain checkpoint.pretrained_checkpoint=hf:<dir>. The model_type follows the model's shape (gpt2, llama,
+// qwen2, qwen3; --model-type mistral for a Mistral).
 //
-//   bridge-export --checkpoint ckpt --hf-dir gpt2-out              # the tracker's iteration
-//   bridge-export --checkpoint ckpt --iteration 200 --hf-dir gpt2-out
+//   bridge-export --checkpoint ckpt --hf-dir hf-out              # the tracker's iteration
+//   bridge-export --checkpoint ckpt --iteration 200 --hf-dir hf-out --model-type mistral
 //
 // Exit status: 0 written, 1 an unreadable or inconsistent checkpoint or a failed write, 2 bad command line.
 #include <cstdio>
@@ -12,7 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "bridge/hf/gpt2.h"
+#include "bridge/hf/auto_bridge.h"
 #include "training/checkpointing/saved_checkpoint.h"
 #include "utils/exception_message.h"
 
@@ -25,9 +26,9 @@ constexpr int kExitBadCommandLine = 2;
 
 int main(int argc, char** argv) {
   cxxopts::Options options("bridge-export",
-                           "Writes a Hugging Face GPT-2 directory (config.json + model.safetensors) from a bridge "
-                           "checkpoint saved in any tensor/pipeline-parallel layout.");
-  options.custom_help("--checkpoint DIR --hf-dir DIR [--iteration N]");
+                           "Writes a Hugging Face directory (config.json + model.safetensors: GPT-2, Llama, Mistral, "
+                           "Qwen2 or Qwen3) from a bridge checkpoint saved in any tensor/pipeline-parallel layout.");
+  options.custom_help("--checkpoint DIR --hf-dir DIR [--iteration N] [--model-type TYPE]");
   // clang-format off
   options.add_options()
       ("checkpoint", "a checkpoint directory (what checkpoint.save names)", cxxopts::value<std::string>(), "DIR")
@@ -35,9 +36,12 @@ int main(int argc, char** argv) {
        cxxopts::value<int64_t>(), "N")
       ("hf-dir", "the Hugging Face directory to write (created; config.json and model.safetensors are replaced)",
        cxxopts::value<std::string>(), "DIR")
+      ("model-type", "the config.json model_type to write: gpt2, llama, mistral, qwen2 or qwen3; default: what the "
+       "model's shape is (learned positions: gpt2; q/k norms: qwen3; QKV biases alone: qwen2; else llama)",
+       cxxopts::value<std::string>(), "TYPE")
       ("h,help", "print this help and exit");
   // clang-format on
-  std::string checkpoint, hf_dir;
+  std::string checkpoint, hf_dir, model_type;
   std::optional<int64_t> iteration;
   try {
     const cxxopts::ParseResult args = options.parse(argc, argv);
@@ -54,6 +58,14 @@ int main(int argc, char** argv) {
     checkpoint = args["checkpoint"].as<std::string>();
     hf_dir = args["hf-dir"].as<std::string>();
     if (args.count("iteration")) iteration = args["iteration"].as<int64_t>();
+    if (args.count("model-type")) {
+      model_type = args["model-type"].as<std::string>();
+      if (model_type != "gpt2" && model_type != "llama" && model_type != "mistral" && model_type != "qwen2" &&
+          model_type != "qwen3") {
+        throw std::invalid_argument("--model-type must be gpt2, llama, mistral, qwen2 or qwen3, got '" + model_type +
+                                    "'");
+      }
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bridge-export: error: %s\nRun bridge-export --help for the options.\n",
                  bridge::utils::describe(e).c_str());
@@ -61,9 +73,10 @@ int main(int argc, char** argv) {
   }
   try {
     const bridge::training::SavedWeights saved = bridge::training::load_saved_weights(checkpoint, iteration);
-    bridge::hf::save_gpt2(hf_dir, saved.tensors, saved.config.model);
-    std::printf("bridge-export: wrote %s (config.json, model.safetensors) from %s\n", hf_dir.c_str(),
-                saved.path.c_str());
+    const std::string type = model_type.empty() ? bridge::hf::hf_model_type_for(saved.config.model) : model_type;
+    bridge::hf::save_hf(hf_dir, saved.tensors, saved.config.model, type);
+    std::printf("bridge-export: wrote %s (a %s model: config.json, model.safetensors) from %s\n", hf_dir.c_str(),
+                type.c_str(), saved.path.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bridge-export: error: %s\n", bridge::utils::describe(e).c_str());
     return kExitBadInput;

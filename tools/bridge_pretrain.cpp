@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bridge/bridge.h"
+#include "bridge/hf/auto_bridge.h"
 #include "parallel/launch_env.h"
 #include "parallel/parallel_state.h"
 #include "tools/tiny_corpus.h"
@@ -22,6 +23,7 @@
 #include "training/config/config_yaml.h"
 #include "training/preflight.h"
 #include "training/utils/theoretical_memory.h"
+#include "utils/durable_file.h"
 #include "utils/exception_message.h"
 #include "utils/strings.h"
 
@@ -73,17 +75,57 @@ Config keys (type, default when a recipe leaves the key out):
   return text + config_help();
 }
 
-// The config the command line describes: the recipe (or the embedded one), then the overrides in order.
-ConfigContainer resolve_config(const cxxopts::ParseResult& args) {
-  ConfigContainer config = args.count("config") ? load_config_yaml(args["config"].as<std::string>())
-                                                : load_config_yaml_string(tools::kTinyRecipeYaml, "<tiny recipe>");
+// The overrides (KEY=VALUE, Hydra's ~KEY) applied to `config` in order.
+void apply_overrides(ConfigContainer& config, const cxxopts::ParseResult& args) {
   for (const std::string& argument : args.unmatched()) {
-    if (argument.find('=') == std::string::npos && argument.rfind('~', 0) != 0) {  // Hydra's ~KEY resets one
+    if (argument.find('=') == std::string::npos && argument.rfind('~', 0) != 0) {
       throw ConfigError("unexpected argument '" + argument +
                         "': overrides are KEY=VALUE (e.g. train.train_iters=100) or ~KEY; see --help");
     }
     apply_override(config, argument);
   }
+}
+
+// What the user wrote, applied to `config`: the --config recipe (not the embedded one), then the overrides.
+void apply_user_config(ConfigContainer& config, const cxxopts::ParseResult& args) {
+  if (args.count("config")) {
+    const std::string path = args["config"].as<std::string>();
+    merge_config_yaml(config, bridge::utils::read_file(path), path);
+  }
+  apply_overrides(config, args);
+}
+
+// An hf:<dir> start takes the model's architecture from <dir>/config.json (Megatron-Bridge's AutoBridge), so no
+// model.* size is needed; one that the user wrote and that disagrees is an error naming both values.
+void adopt_hf_architecture(ConfigContainer& config, const cxxopts::ParseResult& args) {
+  const std::string& source = config.checkpoint.pretrained_checkpoint;
+  if (source.rfind("hf:", 0) != 0) return;
+  models::GPTConfig theirs;
+  try {
+    theirs = hf::hf_model_config(source.substr(3));
+  } catch (const std::exception& error) {
+    throw ConfigError("checkpoint.pretrained_checkpoint=" + source + ": " + bridge::utils::describe(error));
+  }
+  ConfigContainer adopted = config;
+  adopted.model = hf::with_hf_architecture(config.model, theirs);
+  ConfigContainer written = adopted;
+  apply_user_config(written, args);
+  const std::vector<std::string> differences = hf::architecture_differences(written.model, adopted.model);
+  if (!differences.empty()) {
+    throw ConfigError("checkpoint.pretrained_checkpoint=" + source + " takes the model from its config.json, but " +
+                      bridge::utils::join(differences, ", ") +
+                      " disagree; remove those model.* keys (the directory sets them) or make them match");
+  }
+  config = adopted;
+}
+
+// The config the command line describes: the recipe (or the embedded one), then the overrides in order; with an
+// hf:<dir> start, the directory's model.
+ConfigContainer resolve_config(const cxxopts::ParseResult& args) {
+  ConfigContainer config = args.count("config") ? load_config_yaml(args["config"].as<std::string>())
+                                                : load_config_yaml_string(tools::kTinyRecipeYaml, "<tiny recipe>");
+  apply_overrides(config, args);
+  adopt_hf_architecture(config, args);
   return config;
 }
 

@@ -171,6 +171,7 @@ void build(PretrainSetup& setup) {
     }
   }
   setup.embedding_weights = models::embedding_group_weights(setup.model);
+  setup.tensor_parallel_partial_weights = models::tensor_parallel_partial_weights(setup.model);
   if (mp.enabled()) {
     setup.mixed_precision = std::make_unique<MixedPrecision>(mp, setup.params);
     setup.optimizer = build_optimizer(config.optimizer, setup.mixed_precision->main_params());

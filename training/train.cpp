@@ -50,7 +50,8 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
     options.finalize_model_grads = [&] {
       std::vector<parallel::distributed::DistributedDataParallel*> chunks;
       for (auto& ddp : setup.ddp) chunks.push_back(ddp.get());
-      parallel::distributed::finalize_model_grads(chunks, setup.embedding_weights);
+      parallel::distributed::finalize_model_grads(chunks, setup.embedding_weights,
+                                                  setup.tensor_parallel_partial_weights);
     };
     // Per-micro-batch events of training steps; the hooks exist only when someone listens.
     auto micro_batch_event = [&](Event event) -> std::function<void(int64_t, int64_t)> {

@@ -4,13 +4,11 @@
 
 #include <array>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
 
-#include "utils/durable_file.h"
-#include "utils/safetensors.h"
+#include "bridge/hf/hf_files_internal.h"
+#include "bridge/models/qkv_layout.h"
 
 namespace bridge::hf {
 namespace {
@@ -18,16 +16,21 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using detail::read_config;
+using detail::shape_of;
+using detail::value_or;
+
 constexpr const char* kConfig = "config.json";
-constexpr const char* kWeights = "model.safetensors";
 
 // One tensor of a layer: bridge's name after "decoder.layers.<n>.", HF's after "h.<n>.", whether HF stores it
 // transposed (Conv1D), and bridge's shape as multiples of the hidden size h, with 0 standing for the MLP width f.
+// c_attn's rows (transposed) are [Q; K; V]; bridge's linear_qkv is Megatron-Core's, grouped by head (qkv).
 struct LayerTensor {
   const char* bridge;
   const char* hf;
   bool conv1d;
   std::array<int, 2> shape;  // {rows, columns}: {3, 1} is [3h, h]; a column of 0 is none (a vector)
+  bool qkv = false;
 };
 
 constexpr int kF = -1;  // the MLP width, in LayerTensor::shape
@@ -35,8 +38,8 @@ constexpr int kF = -1;  // the MLP width, in LayerTensor::shape
 constexpr LayerTensor kLayerTensors[] = {
     {"input_layernorm.weight", "ln_1.weight", false, {1, 0}},
     {"input_layernorm.bias", "ln_1.bias", false, {1, 0}},
-    {"self_attention.linear_qkv.weight", "attn.c_attn.weight", true, {3, 1}},
-    {"self_attention.linear_qkv.bias", "attn.c_attn.bias", false, {3, 0}},
+    {"self_attention.linear_qkv.weight", "attn.c_attn.weight", true, {3, 1}, true},
+    {"self_attention.linear_qkv.bias", "attn.c_attn.bias", false, {3, 0}, true},
     {"self_attention.linear_proj.weight", "attn.c_proj.weight", true, {1, 1}},
     {"self_attention.linear_proj.bias", "attn.c_proj.bias", false, {1, 0}},
     {"pre_mlp_layernorm.weight", "ln_2.weight", false, {1, 0}},
@@ -56,28 +59,6 @@ std::vector<int64_t> shape_for(const LayerTensor& tensor, int64_t h, int64_t f) 
   return shape;
 }
 
-json read_config(const fs::path& directory) {
-  const fs::path path = directory / kConfig;
-  std::ifstream in(path);
-  if (!in) {
-    throw std::runtime_error("cannot read " + path.string() +
-                             ": a Hugging Face model directory holds config.json and model.safetensors "
-                             "(GPT2LMHeadModel.save_pretrained writes them)");
-  }
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(path.string() + " is not JSON: " + e.what());
-  }
-}
-
-template <class T>
-T value_or(const json& config, const char* key, T fallback) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  return it->get<T>();
-}
-
 models::ActivationFunc activation_of(const std::string& name, const fs::path& path) {
   // transformers' ACT2FN names of GeLU's tanh approximation, and of the exact one.
   if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast") {
@@ -87,12 +68,6 @@ models::ActivationFunc activation_of(const std::string& name, const fs::path& pa
   throw std::runtime_error(path.string() + ": activation_function '" + name +
                            "' is not one of bridge's (gelu_new, gelu_pytorch_tanh, gelu_fast: model.activation_func "
                            "openai_gelu; gelu: gelu)");
-}
-
-std::string shape_of(const torch::Tensor& tensor) {
-  std::string text = "[";
-  for (int64_t d = 0; d < tensor.dim(); ++d) text += (d ? ", " : "") + std::to_string(tensor.size(d));
-  return text + "]";
 }
 
 }  // namespace
@@ -155,16 +130,11 @@ void check_gpt2_config(const fs::path& directory, const models::GPTConfig& confi
 
 std::map<std::string, torch::Tensor> load_gpt2_weights(const fs::path& directory, const models::GPTConfig& config) {
   check_gpt2_config(directory, config);
-  const fs::path path = directory / kWeights;
-  if (!fs::exists(path)) {
-    throw std::runtime_error(path.string() +
-                             " is missing: bridge reads safetensors weights (save_pretrained writes "
-                             "model.safetensors; a pytorch_model.bin is not read)");
-  }
-  const utils::Safetensors file = utils::read_safetensors(path);
+  const fs::path path = directory;  // errors name the directory: its weights may be sharded
+  const std::map<std::string, torch::Tensor> file = detail::read_weights(directory);
   const auto take = [&](const std::string& name) {
     for (const std::string& key : {"transformer." + name, name}) {
-      if (auto it = file.tensors.find(key); it != file.tensors.end()) return it->second.to(torch::kFloat32);
+      if (auto it = file.find(key); it != file.end()) return it->second.to(torch::kFloat32);
     }
     throw std::runtime_error(path.string() + " has no tensor transformer." + name + ": not a GPT-2 of this config");
   };
@@ -186,14 +156,19 @@ std::map<std::string, torch::Tensor> load_gpt2_weights(const fs::path& directory
     const std::string theirs = "h." + std::to_string(n) + ".";
     for (const LayerTensor& tensor : kLayerTensors) {
       torch::Tensor value = take(theirs + tensor.hf);
-      put(ours + tensor.bridge, tensor.conv1d ? value.t() : value, shape_for(tensor, h, f));
+      if (tensor.conv1d) value = value.t();
+      if (tensor.qkv && value.size(0) == 3 * h) {
+        const std::vector<torch::Tensor> parts = value.chunk(3, 0);
+        value = models::fuse_qkv(parts[0], parts[1], parts[2], config);
+      }
+      put(ours + tensor.bridge, value, shape_for(tensor, h, f));
     }
   }
   put("decoder.final_layernorm.weight", take("ln_f.weight"), {h});
   put("decoder.final_layernorm.bias", take("ln_f.bias"), {h});
   if (!config.share_embeddings_and_output_weights) {
-    const auto head = file.tensors.find("lm_head.weight");
-    if (head == file.tensors.end()) throw std::runtime_error(path.string() + " has no lm_head.weight (untied)");
+    const auto head = file.find("lm_head.weight");
+    if (head == file.end()) throw std::runtime_error(path.string() + " has no lm_head.weight (untied)");
     put("output_layer.weight", head->second.to(torch::kFloat32), {config.vocab_size, h});
   }
   return weights;
@@ -212,7 +187,11 @@ void save_gpt2(const fs::path& directory, const std::map<std::string, torch::Ten
   for (int64_t n = 0; n < config.num_layers; ++n) {
     for (const LayerTensor& tensor : kLayerTensors) {
       torch::Tensor value = get("decoder.layers." + std::to_string(n) + "." + tensor.bridge);
-      tensors["transformer.h." + std::to_string(n) + "." + tensor.hf] = tensor.conv1d ? value.t() : value;
+      if (tensor.qkv) {
+        const auto [q, k, v] = models::split_qkv(value, config);
+        value = torch::cat({q, k, v}, 0);
+      }
+      tensors["transformer.h." + std::to_string(n) + "." + tensor.hf] = tensor.conv1d ? value.t().contiguous() : value;
     }
   }
   tensors["transformer.ln_f.weight"] = get("decoder.final_layernorm.weight");
@@ -240,9 +219,7 @@ void save_gpt2(const fs::path& directory, const std::map<std::string, torch::Ten
       {"eos_token_id", config.vocab_size - 1},
       {"torch_dtype", "float32"},
   };
-  fs::create_directories(directory);
-  utils::write_safetensors(directory / kWeights, tensors);
-  utils::write_file_durably(directory / kConfig, hf.dump(2) + "\n");
+  detail::write_directory(directory, tensors, hf);
 }
 
 }  // namespace bridge::hf

@@ -3,7 +3,8 @@
 // global tensors (the names of models::global_named_parameters, the same in every tp/pp/vpp layout), so an import
 // loads into any layout and an export comes from any:
 //   - HF's Conv1D weights are stored [in, out]: c_attn, c_proj, c_fc and mlp.c_proj are transposed;
-//   - c_attn's columns are [Q | K | V], head-major, which transposed is bridge's fused QKV master weight as it is;
+//   - c_attn's columns are [Q | K | V], head-major; bridge's fused QKV is Megatron-Core's, grouped by head
+//     ([q0 k0 v0 q1 k1 v1 ...]), so the rows are regrouped both ways (bridge/models/qkv_layout.h);
 //   - the word embedding has HF's vocab_size rows (bridge pads it per layout; the padding is dropped on export),
 //     the output layer is tied to it unless tie_word_embeddings is false;
 //   - activation_function gelu_new (GPT-2's) is model.activation_func openai_gelu; gelu is gelu.

@@ -16,14 +16,26 @@ std::string str(int64_t value) { return std::to_string(value); }
 
 }  // namespace
 
+int64_t GPTConfig::rotary_dim() const {
+  // Megatron-Core's RotaryEmbedding: int(kv_channels * rotary_percent).
+  return rotary_percent < 1.0 ? static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent) : head_dim();
+}
+
 void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_parallel_size,
                          std::optional<int> virtual_pipeline_model_parallel_size) const {
   require(num_layers >= 1, "model.num_layers must be >= 1, got " + str(num_layers));
   require(hidden_size >= 1, "model.hidden_size must be >= 1, got " + str(hidden_size));
   require(num_attention_heads >= 1, "model.num_attention_heads must be >= 1, got " + str(num_attention_heads));
-  require(hidden_size % num_attention_heads == 0, "model.hidden_size (" + str(hidden_size) +
-                                                      ") must be divisible by model.num_attention_heads (" +
-                                                      str(num_attention_heads) + ")");
+  require(kv_channels >= 0,
+          "model.kv_channels must be >= 0 (0 means hidden_size / num_attention_heads), got " + str(kv_channels));
+  require(kv_channels > 0 || hidden_size % num_attention_heads == 0,
+          "model.hidden_size (" + str(hidden_size) + ") must be divisible by model.num_attention_heads (" +
+              str(num_attention_heads) + "), or set model.kv_channels (the width of one head)");
+  require(num_query_groups >= 0,
+          "model.num_query_groups must be >= 0 (0 means one per attention head), got " + str(num_query_groups));
+  require(num_attention_heads % query_groups() == 0,
+          "model.num_attention_heads (" + str(num_attention_heads) + ") must be divisible by model.num_query_groups (" +
+              str(query_groups()) + "): each key/value group serves the same number of query heads");
   require(ffn_hidden_size >= 0,
           "model.ffn_hidden_size must be >= 0 (0 means 4 * hidden_size), got " + str(ffn_hidden_size));
   require(vocab_size >= 2, "model.vocab_size must be >= 2, got " + str(vocab_size));
@@ -36,6 +48,26 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
   require(
       layernorm_epsilon > 0.0 && layernorm_epsilon < 1.0,
       "model.layernorm_epsilon must be in (0, 1), got " + std::to_string(layernorm_epsilon) + "; the usual is 1e-5");
+  if (position_embedding_type == PositionEmbeddingType::kRope) {
+    require(
+        rotary_base > 1.0 && rotary_base < 1e300,
+        "model.rotary_base must be > 1, got " + std::to_string(rotary_base) + "; Llama 2 uses 10000, Llama 3 500000");
+    require(rotary_percent > 0.0 && rotary_percent <= 1.0,
+            "model.rotary_percent must be in (0, 1], got " + std::to_string(rotary_percent));
+    require(rotary_dim() >= 2 && rotary_dim() % 2 == 0,
+            "model.rotary_percent (" + std::to_string(rotary_percent) + ") x the head width (" + str(head_dim()) +
+                ") gives " + str(rotary_dim()) + " rotated channels; RoPE needs an even number >= 2");
+    if (rope_scaling) {
+      require(rope_scaling_factor >= 1.0 && rope_scaling_factor < 1e6,
+              "model.rope_scaling_factor must be >= 1, got " + std::to_string(rope_scaling_factor));
+      require(rope_scaling_low_freq_factor > 0.0 && rope_scaling_high_freq_factor > rope_scaling_low_freq_factor,
+              "model.rope_scaling_high_freq_factor (" + std::to_string(rope_scaling_high_freq_factor) +
+                  ") must be above model.rope_scaling_low_freq_factor (" +
+                  std::to_string(rope_scaling_low_freq_factor) + "), which must be > 0 (Llama 3.1: 4 and 1)");
+      require(rope_scaling_original_max_position_embeddings >= 1,
+              "model.rope_scaling_original_max_position_embeddings must be >= 1 (Llama 3.1: 8192)");
+    }
+  }
   require(init_method_std > 0.0 && init_method_std <= 1.0, "model.init_method_std must be in (0, 1], got " +
                                                                std::to_string(init_method_std) +
                                                                "; Megatron's default is 0.02");
@@ -52,6 +84,11 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
                    {"model.hidden_size", hidden_size},
                    {"4 weight matrices", 4}},
                   "the attention parameters of the model");
+  checked_product({{"model.num_attention_heads", num_attention_heads},
+                   {"model.kv_channels", head_dim()},
+                   {"model.hidden_size", hidden_size},
+                   {"3 weight matrices", 3}},
+                  "one layer's attention weights");
   checked_product({{"model.seq_length", seq_length},
                    {"model.seq_length", seq_length},
                    {"model.num_attention_heads", num_attention_heads}},
@@ -64,6 +101,11 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
   require(num_attention_heads % tp == 0, "model.num_attention_heads (" + str(num_attention_heads) +
                                              ") must be divisible by the tensor-parallel size (" + str(tp) +
                                              "): each rank holds whole heads");
+  require(query_groups() % tp == 0, "model.num_query_groups (" + str(query_groups()) +
+                                        ") must be divisible by the tensor-parallel size (" + str(tp) +
+                                        "): each rank holds whole key/value groups, as in Megatron-Core; use a "
+                                        "tensor-parallel size that divides " +
+                                        str(query_groups()));
   require(ffn_size() % tp == 0, "model.ffn_hidden_size (" + str(ffn_size()) +
                                     ") must be divisible by the tensor-parallel size (" + str(tp) + ")");
   const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *

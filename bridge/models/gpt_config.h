@@ -1,14 +1,26 @@
 // GPTConfig: the shape of a GPT model (Megatron-Core's TransformerConfig, reduced to what a GPT needs) and how it is
 // laid out over tensor- and pipeline-parallel ranks. validate() names the field and the fix for every bad value.
+// The defaults are GPT-2's block (LayerNorm, learned positions, GeLU MLP, biases, tied embeddings); the Llama family
+// is the same GPT with other switches, as Megatron-Core builds both from one GPTModel:
 //
 //   GPTConfig config;
 //   config.num_layers = 12; config.hidden_size = 768; config.num_attention_heads = 12;
 //   config.vocab_size = 50257; config.seq_length = 1024;
 //   config.validate(/*tp=*/2, /*pp=*/2, /*vpp=*/std::nullopt);
+//
+//   // Llama-3-style: RMSNorm, RoPE, SwiGLU, 4 key/value groups, no biases, untied output layer.
+//   config.normalization = Normalization::kRMSNorm;
+//   config.position_embedding_type = PositionEmbeddingType::kRope;
+//   config.gated_linear_unit = true; config.activation_func = ActivationFunc::kSilu;
+//   config.num_query_groups = 4; config.add_bias_linear = false;
+//   config.share_embeddings_and_output_weights = false;
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
+#include <utility>
 
 namespace bridge::models {
 
@@ -21,30 +33,96 @@ enum class AttnBackend {
   kUnfused,
 };
 
-/// The MLP's activation (Megatron-Core's activation_func, of the two GPTs use).
+/// The MLP's activation (Megatron-Core's activation_func). With gated_linear_unit, the gate's: silu is SwiGLU, gelu
+/// GeGLU.
 enum class ActivationFunc {
   /// GeLU with the exact erf (torch.nn.functional.gelu; Megatron's default).
   kGelu,
   /// GeLU's tanh approximation: OpenAI's GPT-2 (Hugging Face's `gelu_new`), Megatron's --openai-gelu.
   kOpenaiGelu,
+  /// SiLU (x * sigmoid(x)): Llama's, Qwen's and Mistral's gate.
+  kSilu,
 };
+
+/// Megatron-Core's normalization: LayerNorm (weight and bias) or RMSNorm (weight only).
+enum class Normalization { kLayerNorm, kRMSNorm };
+
+/// Megatron-Core's position_embedding_type.
+enum class PositionEmbeddingType {
+  kLearnedAbsolute,  ///< a learned [seq_length, h] table added to the word embedding (GPT-2)
+  kRope,             ///< rotary embeddings applied to queries and keys in every layer (Llama)
+  kNone,             ///< no position information besides the causal mask
+};
+
+/// The options' names in recipes (Megatron-Core's spellings; the first of a value is the one written).
+inline constexpr std::pair<AttnBackend, std::string_view> kAttnBackendNames[] = {{AttnBackend::kAuto, "auto"},
+                                                                                 {AttnBackend::kUnfused, "unfused"}};
+inline constexpr std::pair<ActivationFunc, std::string_view> kActivationFuncNames[] = {
+    {ActivationFunc::kGelu, "gelu"},
+    {ActivationFunc::kOpenaiGelu, "openai_gelu"},
+    {ActivationFunc::kOpenaiGelu, "fast_gelu"},  // Megatron-Bridge's name of the tanh GeLU
+    {ActivationFunc::kSilu, "silu"}};
+inline constexpr std::pair<Normalization, std::string_view> kNormalizationNames[] = {
+    {Normalization::kLayerNorm, "LayerNorm"}, {Normalization::kRMSNorm, "RMSNorm"}};
+inline constexpr std::pair<PositionEmbeddingType, std::string_view> kPositionEmbeddingTypeNames[] = {
+    {PositionEmbeddingType::kLearnedAbsolute, "learned_absolute"},
+    {PositionEmbeddingType::kRope, "rope"},
+    {PositionEmbeddingType::kNone, "none"}};
+
+/// An option's name: to_string(Normalization::kRMSNorm) is "RMSNorm".
+template <class E, std::size_t N>
+std::string_view enum_name(E value, const std::pair<E, std::string_view> (&names)[N]) {
+  for (const auto& [candidate, name] : names) {
+    if (candidate == value) return name;
+  }
+  return "?";
+}
+inline std::string_view to_string(AttnBackend value) { return enum_name(value, kAttnBackendNames); }
+inline std::string_view to_string(ActivationFunc value) { return enum_name(value, kActivationFuncNames); }
+inline std::string_view to_string(Normalization value) { return enum_name(value, kNormalizationNames); }
+inline std::string_view to_string(PositionEmbeddingType value) { return enum_name(value, kPositionEmbeddingTypeNames); }
 
 struct GPTConfig {
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
   int64_t num_attention_heads = 4;
+  /// Key/value heads (grouped-query attention; 1 is multi-query); 0 means num_attention_heads (multi-head).
+  int64_t num_query_groups = 0;
+  /// Width of one attention head; 0 means hidden_size / num_attention_heads.
+  int64_t kv_channels = 0;
   /// MLP width; 0 means 4 * hidden_size.
   int64_t ffn_hidden_size = 0;
   /// Tokenizer vocabulary; the embedding is padded to a multiple of make_vocab_size_divisible_by * tp.
   int64_t vocab_size = 256;
   int64_t make_vocab_size_divisible_by = 128;
-  /// Longest sequence the position embedding covers.
+  /// Tokens per sample; with learned positions also the rows of the position table.
   int64_t seq_length = 64;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   AttnBackend attention_backend = AttnBackend::kAuto;
   ActivationFunc activation_func = ActivationFunc::kGelu;
+  /// The MLP's first projection is two, [gate; up], and its output act(gate) * up (SwiGLU with silu).
+  bool gated_linear_unit = false;
+  Normalization normalization = Normalization::kLayerNorm;
+  /// Epsilon of every LayerNorm or RMSNorm.
   double layernorm_epsilon = 1e-5;
+  PositionEmbeddingType position_embedding_type = PositionEmbeddingType::kLearnedAbsolute;
+  /// RoPE's base (Llama 2: 10000, Llama 3: 500000) and the share of each head's channels it rotates.
+  double rotary_base = 10000.0;
+  double rotary_percent = 1.0;
+  /// Llama 3.1's frequency scaling of RoPE (Megatron-Core's rope_scaling and rope_scaling_factor; the other three
+  /// are fixed in Megatron-Core to Llama 3.1's values and are read from Hugging Face's rope_scaling here).
+  bool rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int64_t rope_scaling_original_max_position_embeddings = 8192;
+  /// Biases on the linear layers (QKV, projection, both MLP layers); GPT-2 has them, Llama has none.
+  bool add_bias_linear = true;
+  /// A bias on QKV even without add_bias_linear (Qwen2).
+  bool add_qkv_bias = false;
+  /// Normalization of each query and key head before RoPE (Qwen3, OLMo-2).
+  bool qk_layernorm = false;
   /// Standard deviation of the normal initialisation; output projections use std / sqrt(2 * num_layers).
   double init_method_std = 0.02;
   /// Seed of the weight initialisation. Every weight is drawn from its own generator seeded from this and the
@@ -59,7 +137,15 @@ struct GPTConfig {
   bool gradient_accumulation_fusion = true;
 
   int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  /// Rows of the fused QKV weight: a query head's and two key/value heads' per group.
+  int64_t qkv_size() const { return (num_attention_heads + 2 * query_groups()) * head_dim(); }
+  /// Megatron-Core's query_projection_size: the attention's inner width, linear_proj's input.
+  int64_t query_projection_size() const { return num_attention_heads * head_dim(); }
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  /// Channels of each head that RoPE rotates (head_dim x rotary_percent).
+  int64_t rotary_dim() const;
   /// Throws std::invalid_argument naming the field ("model.num_attention_heads") for sizes that do not fit the layout.
   void validate(int tensor_model_parallel_size = 1, int pipeline_model_parallel_size = 1,
                 std::optional<int> virtual_pipeline_model_parallel_size = std::nullopt) const;

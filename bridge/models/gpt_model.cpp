@@ -1,4 +1,4 @@
-// GPTModel: embedding, this chunk's transformer layers, and the tied output layer with vocab-parallel loss.
+// GPTModel: embedding, this chunk's transformer layers, and the output layer with vocab-parallel loss.
 #include "bridge/models/gpt_model.h"
 
 #include <stdexcept>
@@ -41,17 +41,19 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
     word.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
     word.init_method = init_method_for(config, kWordEmbeddingName, config.init_method_std);
     word_embeddings = register_module("word_embeddings", tp::VocabParallelEmbedding(word));
-    position_embeddings =
-        register_module("position_embeddings", torch::nn::Embedding(config.seq_length, config.hidden_size));
-    torch::Tensor& positions = position_embeddings->weight;
-    init_method_for(config, "embedding.position_embeddings.weight", config.init_method_std)(positions);
+    if (config.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute) {
+      position_embeddings =
+          register_module("position_embeddings", torch::nn::Embedding(config.seq_length, config.hidden_size));
+      torch::Tensor& positions = position_embeddings->weight;
+      init_method_for(config, "embedding.position_embeddings.weight", config.init_method_std)(positions);
+    }
   }
+  if (config.position_embedding_type == PositionEmbeddingType::kRope) rotary_pos_emb_.emplace(config);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < options.num_layers; ++i) layers->push_back(TransformerLayer(config, options.first_layer + i));
   if (options.post_process) {
-    final_layernorm = register_module(
-        "final_layernorm",
-        torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layernorm_epsilon)));
+    final_layernorm =
+        register_module("final_layernorm", Norm(config.normalization, config.hidden_size, config.layernorm_epsilon));
     const bool tied = config.share_embeddings_and_output_weights;
     if (!(tied && options.pre_process)) {
       output_weight = register_parameter(
@@ -70,7 +72,9 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
                                     const torch::Tensor& labels, const torch::Tensor& attention_mask) {
   torch::Tensor hidden;
   if (options_.pre_process) {
-    hidden = (word_embeddings(tokens) + position_embeddings(position_ids)).transpose(0, 1).contiguous();
+    hidden = word_embeddings(tokens);
+    if (position_embeddings) hidden = hidden + position_embeddings(position_ids);
+    hidden = hidden.transpose(0, 1).contiguous();
     if (is_training() && config_.hidden_dropout > 0.0) hidden = torch::dropout(hidden, config_.hidden_dropout, true);
   } else {
     if (!input_tensor_.defined()) {
@@ -80,7 +84,11 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
     }
     hidden = input_tensor_;
   }
-  for (const auto& layer : *layers) hidden = layer->as<TransformerLayerImpl>()->forward(hidden, attention_mask);
+  std::optional<RotaryTables> rotary;
+  if (rotary_pos_emb_) rotary = rotary_pos_emb_->tables(position_ids);
+  for (const auto& layer : *layers) {
+    hidden = layer->as<TransformerLayerImpl>()->forward(hidden, attention_mask, rotary ? &*rotary : nullptr);
+  }
   if (!options_.post_process) return hidden;
 
   hidden = final_layernorm(hidden);
@@ -146,6 +154,21 @@ std::vector<std::pair<std::string, torch::Tensor>> global_named_parameters(const
     named.emplace_back(std::move(global), item.value());
   }
   return named;
+}
+
+std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPTModel>& chunks) {
+  std::vector<torch::Tensor> weights;
+  if (parallel::get_tensor_model_parallel_world_size() == 1) return weights;
+  for (const GPTModel& chunk : chunks) {
+    for (const auto& layer : *chunk->layers) {
+      const SelfAttention& attention = layer->as<TransformerLayerImpl>()->self_attention;
+      if (!attention->q_layernorm) continue;
+      for (const Norm& norm : {attention->q_layernorm, attention->k_layernorm}) {
+        for (const torch::Tensor& param : norm->parameters()) weights.push_back(param);
+      }
+    }
+  }
+  return weights;
 }
 
 std::vector<torch::Tensor> embedding_group_weights(const std::vector<GPTModel>& chunks) {

@@ -1,7 +1,8 @@
 // GPTModel: one model chunk of a Megatron-style GPT (Megatron-Core's GPTModel). The first pipeline stage embeds the
-// tokens (vocab-parallel word embedding + learned positions), every chunk runs its share of the transformer layers,
-// and the last stage applies the final norm and the output layer tied to the word embedding, producing vocab-parallel
-// logits or, given labels, the per-token loss (vocab-parallel cross entropy).
+// tokens (vocab-parallel word embedding, plus learned positions when the model has them), every chunk runs its share
+// of the transformer layers (with RoPE, each chunk computes the rotary tables of the batch's positions), and the last
+// stage applies the final norm and the output layer (tied to the word embedding, or its own), producing
+// vocab-parallel logits or, given labels, the per-token loss (vocab-parallel cross entropy).
 //
 //   parallel::initialize_model_parallel(/*tp=*/2, /*pp=*/2);
 //   std::vector<GPTModel> chunks = build_gpt_model(config);  // one chunk, or vpp chunks with a virtual pipeline
@@ -10,11 +11,14 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bridge/models/gpt_config.h"
+#include "bridge/models/normalization.h"
+#include "bridge/models/rotary_pos_embedding.h"
 #include "bridge/models/transformer_layer.h"
 #include "parallel/tensor_parallel/layers.h"
 
@@ -52,9 +56,9 @@ class GPTModelImpl : public torch::nn::Module {
   int64_t padded_vocab_size() const { return padded_vocab_size_; }
 
   parallel::tensor_parallel::VocabParallelEmbedding word_embeddings{nullptr};
-  torch::nn::Embedding position_embeddings{nullptr};
+  torch::nn::Embedding position_embeddings{nullptr};  ///< learned_absolute only
   torch::nn::ModuleList layers;
-  torch::nn::LayerNorm final_layernorm{nullptr};
+  Norm final_layernorm{nullptr};
   /// The output layer's own weight: the tied copy on a last stage without the embedding, or the untied weight.
   torch::Tensor output_weight;
 
@@ -62,6 +66,7 @@ class GPTModelImpl : public torch::nn::Module {
   GPTConfig config_;
   GPTChunkOptions options_;
   int64_t padded_vocab_size_;
+  std::optional<RotaryEmbedding> rotary_pos_emb_;  ///< with position_embedding_type rope
   torch::Tensor input_tensor_;
 };
 TORCH_MODULE(GPTModel);
@@ -77,6 +82,10 @@ std::vector<GPTModel> build_gpt_model(const GPTConfig& config);
 /// "embedding.word_embeddings.weight", "decoder.layers.<global index>.mlp.linear_fc1.weight", ...,
 /// "decoder.final_layernorm.weight", "output_layer.weight" (the output layer's own weight, when it has one).
 std::vector<std::pair<std::string, torch::Tensor>> global_named_parameters(const GPTModel& chunk);
+
+/// The q/k norm weights (qk_layernorm) of these chunks: each tensor-parallel rank applies them to its own heads, so
+/// their gradients are summed over the tensor-parallel group (finalize_model_grads). Empty at tp 1.
+std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPTModel>& chunks);
 
 /// The weights whose gradients are summed over the embedding group: the first stage's word embedding and the last
 /// stage's tied copy. Empty with pp == 1 (one weight, no copy) and on middle stages.

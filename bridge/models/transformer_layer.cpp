@@ -1,4 +1,5 @@
-// The GPT transformer layer: attention with heads split across tensor-parallel ranks, and the MLP.
+// The GPT transformer layer: attention with heads and key/value groups split across tensor-parallel ranks, and the
+// MLP.
 #include "bridge/models/transformer_layer.h"
 
 #include <torch/version.h>
@@ -47,33 +48,54 @@ tp::InitMethod init_method_for(const GPTConfig& config, const std::string& name,
 
 SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string& prefix)
     : local_heads_(config.num_attention_heads / parallel::get_tensor_model_parallel_world_size()),
+      local_groups_(config.query_groups() / parallel::get_tensor_model_parallel_world_size()),
       head_dim_(config.head_dim()),
       attention_dropout_(config.attention_dropout),
       attention_backend_(config.attention_backend) {
   const int64_t h = config.hidden_size;
-  // The master QKV weight is [Q; K; V]; stride 3 gives each rank the rows of its own heads in each of Q, K and V.
-  tp::ColumnParallelLinearOptions qkv(h, 3 * h);
-  qkv.stride = 3;
+  // The master QKV weight is grouped by key/value head, [q..q k v] per group: stride 1 gives each rank whole groups.
+  tp::ColumnParallelLinearOptions qkv(h, config.qkv_size());
+  qkv.bias = config.qkv_bias();
   qkv.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   qkv.init_method = init_method_for(config, prefix + "linear_qkv.weight", config.init_method_std);
   linear_qkv = register_module("linear_qkv", tp::ColumnParallelLinear(qkv));
-  tp::RowParallelLinearOptions proj(h, h);
+  tp::RowParallelLinearOptions proj(config.query_projection_size(), h);
+  proj.bias = config.add_bias_linear;
   proj.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   proj.init_method = init_method_for(config, prefix + "linear_proj.weight", output_layer_std(config));
   linear_proj = register_module("linear_proj", tp::RowParallelLinear(proj));
+  if (config.qk_layernorm) {
+    q_layernorm = register_module("q_layernorm", Norm(config.normalization, head_dim_, config.layernorm_epsilon));
+    k_layernorm = register_module("k_layernorm", Norm(config.normalization, head_dim_, config.layernorm_epsilon));
+  }
 }
 
-torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask) {
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask,
+                                         const RotaryTables* rotary) {
   const int64_t s = hidden_states.size(0);
   const int64_t b = hidden_states.size(1);
-  const int64_t local_hidden = local_heads_ * head_dim_;
-  torch::Tensor qkv = linear_qkv(hidden_states);  // [s, b, 3 * local_hidden]
-  auto heads = [&](int64_t which) {               // -> [b, heads, s, head_dim]
-    return qkv.narrow(-1, which * local_hidden, local_hidden)
-        .reshape({s, b, local_heads_, head_dim_})
-        .permute({1, 2, 0, 3});
-  };
-  torch::Tensor q = heads(0), k = heads(1), v = heads(2);
+  const int64_t per_group = local_heads_ / local_groups_;
+  // [s, b, groups, per_group + 2, head_dim]: each group's query heads, then its key head and its value head.
+  const torch::Tensor qkv = linear_qkv(hidden_states).view({s, b, local_groups_, per_group + 2, head_dim_});
+  torch::Tensor q = qkv.narrow(3, 0, per_group).reshape({s, b, local_heads_, head_dim_});
+  torch::Tensor k = qkv.select(3, per_group);
+  torch::Tensor v = qkv.select(3, per_group + 1);
+  if (q_layernorm) {
+    q = q_layernorm(q);
+    k = k_layernorm(k);
+  }
+  // -> [b, heads, s, head_dim]
+  q = q.permute({1, 2, 0, 3});
+  k = k.permute({1, 2, 0, 3});
+  v = v.permute({1, 2, 0, 3});
+  if (rotary != nullptr) {
+    q = apply_rotary_pos_emb(q, *rotary);
+    k = apply_rotary_pos_emb(k, *rotary);
+  }
+  if (per_group > 1) {  // grouped-query attention: query head i reads key/value head i / per_group
+    k = k.repeat_interleave(per_group, /*dim=*/1);
+    v = v.repeat_interleave(per_group, /*dim=*/1);
+  }
   const bool dropout = is_training() && attention_dropout_ > 0.0;
   torch::Tensor context;  // [b, heads, s, head_dim]
 #if TORCH_VERSION_MAJOR >= 2
@@ -108,15 +130,20 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
     }
     context = torch::matmul(probs, v);
   }
-  return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_hidden}));
+  return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_}));
 }
 
-MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) : activation_func_(config.activation_func) {
-  tp::ColumnParallelLinearOptions fc1(config.hidden_size, config.ffn_size());
+MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix)
+    : activation_func_(config.activation_func), gated_(config.gated_linear_unit) {
+  // Gated: the master fc1 is [gate; up]; stride 2 gives each rank its rows of both.
+  tp::ColumnParallelLinearOptions fc1(config.hidden_size, (gated_ ? 2 : 1) * config.ffn_size());
+  fc1.stride = gated_ ? 2 : 1;
+  fc1.bias = config.add_bias_linear;
   fc1.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   fc1.init_method = init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std);
   linear_fc1 = register_module("linear_fc1", tp::ColumnParallelLinear(fc1));
   tp::RowParallelLinearOptions fc2(config.ffn_size(), config.hidden_size);
+  fc2.bias = config.add_bias_linear;
   fc2.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
   fc2.init_method = init_method_for(config, prefix + "linear_fc2.weight", output_layer_std(config));
   linear_fc2 = register_module("linear_fc2", tp::RowParallelLinear(fc2));
@@ -124,26 +151,38 @@ MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix) : activatio
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& hidden_states) {
   const torch::Tensor fc1 = linear_fc1(hidden_states);
-  return linear_fc2(activation_func_ == ActivationFunc::kOpenaiGelu ? torch::gelu(fc1, "tanh") : torch::gelu(fc1));
+  const auto activation = [&](const torch::Tensor& x) {
+    switch (activation_func_) {
+      case ActivationFunc::kOpenaiGelu:
+        return torch::gelu(x, "tanh");
+      case ActivationFunc::kSilu:
+        return torch::silu(x);
+      case ActivationFunc::kGelu:
+        break;
+    }
+    return torch::gelu(x);
+  };
+  if (!gated_) return linear_fc2(activation(fc1));
+  const int64_t half = fc1.size(-1) / 2;
+  return linear_fc2(activation(fc1.narrow(-1, 0, half)) * fc1.narrow(-1, half, half));
 }
 
 TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t layer_number)
     : layer_number_(layer_number), hidden_dropout_(config.hidden_dropout) {
   const std::string prefix = layer_prefix(layer_number);
-  auto norm = [&] {
-    return torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.hidden_size}).eps(config.layernorm_epsilon));
-  };
+  auto norm = [&] { return Norm(config.normalization, config.hidden_size, config.layernorm_epsilon); };
   input_layernorm = register_module("input_layernorm", norm());
   self_attention = register_module("self_attention", SelfAttention(config, prefix + "self_attention."));
   pre_mlp_layernorm = register_module("pre_mlp_layernorm", norm());
   mlp = register_module("mlp", MLP(config, prefix + "mlp."));
 }
 
-torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask) {
+torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask,
+                                            const RotaryTables* rotary) {
   // Dropout here acts on activations every tensor-parallel rank holds in full: the default stream, identical
   // across the group, keeps the replicas equal.
   const bool dropout = is_training() && hidden_dropout_ > 0.0;
-  torch::Tensor attention = self_attention(input_layernorm(hidden_states), attention_mask);
+  torch::Tensor attention = self_attention(input_layernorm(hidden_states), attention_mask, rotary);
   if (dropout) attention = torch::dropout(attention, hidden_dropout_, /*train=*/true);
   torch::Tensor residual = hidden_states + attention;
   torch::Tensor mlp_out = mlp(pre_mlp_layernorm(residual));

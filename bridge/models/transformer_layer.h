@@ -1,8 +1,16 @@
 // One pre-norm GPT transformer layer with its heads split across tensor-parallel ranks (Megatron-Core's
-// TransformerLayer): x + Dropout(Attention(LN(x))), then x + Dropout(MLP(LN(x))). Activations are sequence-first,
-// [s, b, h]. Attention: QKV column-parallel (each rank holds whole heads), causal softmax on the local heads (LibTorch
-// 2.x: scaled_dot_product_attention) or under the batch's attention mask, projection row-parallel. MLP: fc1
-// column-parallel, GeLU (exact or tanh), fc2 row-parallel.
+// TransformerLayer): x + Dropout(Attention(Norm(x))), then x + Dropout(MLP(Norm(x))). Activations are
+// sequence-first, [s, b, h]. Norm is LayerNorm or RMSNorm.
+//
+// Attention: QKV column-parallel in Megatron-Core's layout, grouped by key/value head: for each query group g, the
+// rows of its query heads, then its key head, then its value head ([q..q k v] x groups), so each tensor-parallel rank
+// holds whole groups and multi-head attention is the case of one query head per group. Optional per-head q/k norms
+// (qk_layernorm), RoPE on queries and keys, grouped-query attention (each key/value head serves its group's query
+// heads), a causal softmax on the local heads (LibTorch 2.x: scaled_dot_product_attention) or under the batch's
+// attention mask, projection row-parallel.
+//
+// MLP: fc1 column-parallel, then GeLU (exact or tanh) or SiLU; with gated_linear_unit fc1 is [gate; up] (each rank
+// holds its rows of both) and the output act(gate) * up; fc2 row-parallel.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,6 +18,8 @@
 #include <string>
 
 #include "bridge/models/gpt_config.h"
+#include "bridge/models/normalization.h"
+#include "bridge/models/rotary_pos_embedding.h"
 #include "parallel/tensor_parallel/layers.h"
 
 namespace bridge::models {
@@ -22,14 +32,18 @@ class SelfAttentionImpl : public torch::nn::Module {
  public:
   SelfAttentionImpl(const GPTConfig& config, const std::string& prefix);
   /// `attention_mask`: bool [b, 1, s, s], true where a query may not see a key (Megatron's sense), or undefined for
-  /// the causal mask.
-  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask = {});
+  /// the causal mask. `rotary`: the RoPE tables of the batch's positions, or null without RoPE.
+  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask = {},
+                        const RotaryTables* rotary = nullptr);
 
   parallel::tensor_parallel::ColumnParallelLinear linear_qkv{nullptr};
   parallel::tensor_parallel::RowParallelLinear linear_proj{nullptr};
+  Norm q_layernorm{nullptr};  ///< with qk_layernorm: over each query head's channels
+  Norm k_layernorm{nullptr};
 
  private:
   int64_t local_heads_;
+  int64_t local_groups_;
   int64_t head_dim_;
   double attention_dropout_;
   AttnBackend attention_backend_;
@@ -47,6 +61,7 @@ class MLPImpl : public torch::nn::Module {
 
  private:
   ActivationFunc activation_func_;
+  bool gated_;
 };
 TORCH_MODULE(MLP);
 
@@ -54,13 +69,14 @@ class TransformerLayerImpl : public torch::nn::Module {
  public:
   /// `layer_number` is the layer's global index (0-based), which names and seeds its weights.
   TransformerLayerImpl(const GPTConfig& config, int64_t layer_number);
-  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask = {});
+  torch::Tensor forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask = {},
+                        const RotaryTables* rotary = nullptr);
 
   int64_t layer_number() const { return layer_number_; }
 
-  torch::nn::LayerNorm input_layernorm{nullptr};
+  Norm input_layernorm{nullptr};
   SelfAttention self_attention{nullptr};
-  torch::nn::LayerNorm pre_mlp_layernorm{nullptr};
+  Norm pre_mlp_layernorm{nullptr};
   MLP mlp{nullptr};
 
  private:

@@ -1,5 +1,5 @@
-// finalize_model_grads: data-parallel sync of every chunk, then the tied word-embedding all-reduce across the first
-// and last pipeline stage.
+// finalize_model_grads: data-parallel sync of every chunk, the q/k norms' all-reduce across the tensor-parallel
+// group, then the tied word-embedding all-reduce across the first and last pipeline stage.
 #include "parallel/distributed/finalize_model_grads.h"
 
 #include <stdexcept>
@@ -9,14 +9,43 @@
 
 namespace bridge::parallel::distributed {
 
+namespace {
+
+// Sums the gradients of `weights` over `group` (the main_grad, or the grad of an unwrapped weight; a weight that got
+// no gradient takes part as zeros, or the peers would wait for it).
+void all_reduce_grads(ProcessGroup& group, const std::vector<torch::Tensor>& weights, const char* what) {
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& weight : weights) {
+    if (!weight.defined()) {
+      throw std::invalid_argument(std::string("finalize_model_grads: ") + what + " is an undefined tensor");
+    }
+    torch::Tensor grad = main_grad(weight);
+    if (!grad.defined()) grad = weight.mutable_grad() = torch::zeros_like(weight);
+    if (grad.is_contiguous()) {
+      group.all_reduce(grad, ReduceOp::kSum);
+    } else {
+      torch::Tensor contiguous = grad.contiguous();
+      group.all_reduce(contiguous, ReduceOp::kSum);
+      grad.copy_(contiguous);
+    }
+  }
+}
+
+}  // namespace
+
 void finalize_model_grads(std::vector<DistributedDataParallel*> chunks,
-                          const std::vector<torch::Tensor>& embedding_weights) {
+                          const std::vector<torch::Tensor>& embedding_weights,
+                          const std::vector<torch::Tensor>& tensor_parallel_partial) {
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i] == nullptr) {
       throw std::invalid_argument("finalize_model_grads: model chunk " + std::to_string(i) +
                                   " is null; pass the DistributedDataParallel of every chunk on this rank");
     }
     chunks[i]->finish_grad_sync();
+  }
+
+  if (!tensor_parallel_partial.empty() && get_tensor_model_parallel_world_size() > 1) {
+    all_reduce_grads(get_tensor_model_parallel_group(), tensor_parallel_partial, "a tensor-parallel partial weight");
   }
 
   if (embedding_weights.empty() || get_pipeline_model_parallel_world_size() == 1) return;
@@ -28,23 +57,7 @@ void finalize_model_grads(std::vector<DistributedDataParallel*> chunks,
         std::to_string(embedding_weights.size()) + " embedding weight(s); pass none on such ranks");
   }
   if (group->size() == 1) return;
-  torch::NoGradGuard no_grad;
-  for (const torch::Tensor& weight : embedding_weights) {
-    if (!weight.defined()) {
-      throw std::invalid_argument("finalize_model_grads: an embedding weight is an undefined tensor");
-    }
-    // The main_grad (the fp32 buffer view under grad_reduce_in_fp32), or the grad of an unwrapped weight.
-    torch::Tensor grad = main_grad(weight);
-    // A copy that got no gradient still takes part (as zeros), or the peer would wait for it.
-    if (!grad.defined()) grad = weight.mutable_grad() = torch::zeros_like(weight);
-    if (grad.is_contiguous()) {
-      group->all_reduce(grad, ReduceOp::kSum);
-    } else {
-      torch::Tensor contiguous = grad.contiguous();
-      group->all_reduce(contiguous, ReduceOp::kSum);
-      grad.copy_(contiguous);
-    }
-  }
+  all_reduce_grads(*group, embedding_weights, "an embedding weight");
 }
 
 }  // namespace bridge::parallel::distributed

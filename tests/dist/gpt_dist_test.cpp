@@ -79,11 +79,11 @@ RunRecord read_run(const fs::path& directory) {
 }
 
 RunRecord run_layout(const std::string& name, int world, int tp, int pp, int vpp,
-                     const std::string& precision = "fp32") {
+                     const std::string& precision = "fp32", const std::string& block = "gpt") {
   const fs::path directory = fresh_directory(name);
   const auto results = run_ranks(kWorker,
                                  {"parity", directory.string(), std::to_string(tp), std::to_string(pp),
-                                  std::to_string(vpp), std::to_string(kSteps), precision},
+                                  std::to_string(vpp), std::to_string(kSteps), precision, block},
                                  world, std::chrono::seconds(240));
   expect_all_ok(results, "parity: ok");
   RunRecord record = read_run(directory);
@@ -118,11 +118,11 @@ void expect_same(const std::map<Key, double>& actual, const std::map<Key, double
   std::printf("%-16s largest relative difference %.2e over %zu entries\n", what.c_str(), largest, expected.size());
 }
 
-void expect_parity(const std::string& name, int world, int tp, int pp, int vpp) {
-  const RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0);
+void expect_parity(const std::string& name, int world, int tp, int pp, int vpp, const std::string& block = "gpt") {
+  const RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0, "fp32", block);
   ASSERT_EQ(reference.loss.size(), static_cast<std::size_t>(kSteps));
   ASSERT_GT(reference.grad_sq.size(), static_cast<std::size_t>(kSteps * 20));  // every parameter, every step
-  const RunRecord run = run_layout(name, world, tp, pp, vpp);
+  const RunRecord run = run_layout(name, world, tp, pp, vpp, "fp32", block);
   expect_same(run.loss, reference.loss, 2e-6, "loss");
   expect_same(run.grad_norm, reference.grad_norm, 2e-5, "grad norm");
   expect_same(run.weight_sq, reference.weight_sq, 1e-5, "|weight|^2");
@@ -143,6 +143,11 @@ TEST(GptParity, PipelineParallel2) { expect_parity("pp2", 2, 1, 2, 0); }
 TEST(GptParity, InterleavedPipeline2x2Chunks) { expect_parity("pp2vpp2", 2, 1, 2, 2); }
 TEST(GptParity, DataParallel2) { expect_parity("dp2", 2, 1, 1, 0); }
 TEST(GptParity, Tp2Pp2Dp2) { expect_parity("tp2pp2dp2", 8, 2, 2, 0); }
+// The Llama block (RMSNorm, RoPE, SwiGLU, grouped queries split over tp, q/k norms whose gradients are summed over the
+// tensor-parallel group, untied output layer) in the layouts that split it.
+TEST(GptParity, LlamaBlockTensorParallel2) { expect_parity("llama_tp2", 2, 2, 1, 0, "llama"); }
+TEST(GptParity, LlamaBlockInterleavedPipeline2x2Chunks) { expect_parity("llama_pp2vpp2", 2, 1, 2, 2, "llama"); }
+TEST(GptParity, LlamaBlockTp2Pp2Dp2) { expect_parity("llama_tp2pp2dp2", 8, 2, 2, 0, "llama"); }
 
 // bf16 (bf16_mixed: bf16 params and compute, fp32 main grads and master weights): each layout rounds to bf16 at
 // different points (split matmuls, partial sums all-reduced in bf16 activations), so it matches the single-process

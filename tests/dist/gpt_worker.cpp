@@ -24,9 +24,10 @@
 //       the step function (or an on_train_step_end callback) throws on one rank in step 3, which catches the error and
 //       sleeps 10 s; every rank prints how long it took to fail and exits 3.
 //   gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>
-//       pretrain() one step from the Hugging Face GPT-2 in <hf_dir> (checkpoint.pretrained_checkpoint=hf:<hf_dir>),
+//       pretrain() one step from the Hugging Face model in <hf_dir> (checkpoint.pretrained_checkpoint=hf:<hf_dir>),
 //       saving to <out_dir>/ckpt; the last rank writes the model's logits for the token ids of <ids> (a safetensors
-//       file) as loaded (<out_dir>/start.safetensors) and after the step (<out_dir>/end.safetensors).
+//       file) as loaded (<out_dir>/start.safetensors) and after the step (<out_dir>/end.safetensors), and the
+//       TextGenerator's greedy continuation of a byte-level prompt as loaded (<out_dir>/generated.safetensors).
 //
 // Exit 0 on success; a failed check prints "FAILED ..." and exits 1; an abort exits 3 after printing the error.
 #include <unistd.h>
@@ -40,7 +41,7 @@
 #include <thread>
 
 #include "bridge/bridge.h"
-#include "bridge/hf/gpt2.h"
+#include "bridge/hf/auto_bridge.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
@@ -56,7 +57,8 @@ using namespace bridge::training;
 
 using testing::expect;
 
-int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& precision) {
+int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& precision,
+               const std::string& block) {
   auto manager = std::make_shared<CallbackManager>();
   std::string lines;
   int64_t forwards = 0, backwards = 0;
@@ -107,6 +109,7 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   });
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   apply_mixed_precision_recipe(config.mixed_precision, precision);
+  if (block == "llama") testing::use_llama_block(config.model);
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
   const int64_t chunks = vpp > 0 ? vpp : 1;
@@ -343,7 +346,8 @@ int run_caught_failure(int failing_rank, int tp, int pp, const std::string& wher
 int run_hf(const std::string& hf_dir, const std::string& ids_path, const std::string& out_dir, int tp, int pp,
            int vpp) {
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, /*steps=*/1);
-  config.model = hf::gpt2_config(hf_dir);
+  config.model = hf::hf_model_config(hf_dir);
+  config.model.seq_length = 32;  // tests/tools/hf_models.py's token ids
   config.model.hidden_dropout = config.model.attention_dropout = 0.0;
   config.model.make_vocab_size_divisible_by = 64;  // 301 pads to 320 at tp1, 384 at tp2: the padding differs
   config.checkpoint.pretrained_checkpoint = "hf:" + hf_dir;
@@ -361,8 +365,26 @@ int run_hf(const std::string& hf_dir, const std::string& ids_path, const std::st
         bridge::utils::write_safetensors(out_dir + "/" + name + ".safetensors", {{"logits", logits}});
     };
   };
+  // The TextGenerator's greedy continuation of a byte-level prompt, as loaded (every layout: the pipeline broadcast
+  // and the tensor-parallel gather of the logits both take part).
+  const std::string prompt = "Once upon a time";
+  const auto write_generated = [prompt, out_dir](CallbackContext& ctx) {
+    TextGeneratorOptions options;
+    options.prompts = {prompt};
+    options.max_new_tokens = 6;
+    options.stop_at_eod = false;
+    TextGenerator generator(options);
+    generator.on_train_start(ctx);
+    const std::vector<GeneratedText> texts = generator.generate(ctx, 0);
+    if (parallel::get_rank() != parallel::get_world_size() - 1) return;
+    std::vector<int64_t> prompt_ids(prompt.begin(), prompt.end());
+    bridge::utils::write_safetensors(
+        out_dir + "/generated.safetensors",
+        {{"ids", torch::tensor(prompt_ids).unsqueeze(0)}, {"tokens", torch::tensor(texts.at(0).tokens)}});
+  };
   auto callbacks = std::make_shared<CallbackManager>();
   callbacks->register_callback(Event::kTrainStart, write_logits("start"));
+  callbacks->register_callback(Event::kTrainStart, write_generated);
   callbacks->register_callback(Event::kTrainEnd, write_logits("end"));
   pretrain(config, gpt_forward_step, callbacks);
   return 0;
@@ -371,7 +393,7 @@ int run_hf(const std::string& hf_dir, const std::string& ids_path, const std::st
 int main(int argc, char** argv) {
   return bridge::testing::worker_main(
       argc, argv,
-      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision]\n"
+      "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision] [gpt|llama]\n"
       "       gpt_worker dropout\n"
       "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|->\n"
       "       gpt_worker bad_data\n"
@@ -381,9 +403,9 @@ int main(int argc, char** argv) {
       "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0>\n"
       "       gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>\n",
       [&](const std::string& scenario) {
-        if (scenario == "parity" && (argc == 7 || argc == 8)) {
+        if (scenario == "parity" && argc >= 7 && argc <= 9) {
           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
-                            argc == 8 ? argv[7] : "fp32");
+                            argc >= 8 ? argv[7] : "fp32", argc == 9 ? argv[8] : "gpt");
         }
         if (scenario == "dropout" && argc == 2) return run_dropout();
         if (scenario == "resume" && argc == 9) {

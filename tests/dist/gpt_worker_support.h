@@ -51,6 +51,19 @@ inline training::ConfigContainer tiny_gpt_config(int tp, int pp, int vpp, int64_
   return config;
 }
 
+/// The tiny model with the Llama family's block and Qwen3's q/k norms: RMSNorm, RoPE, SwiGLU, 2 key/value groups
+/// (one per rank at tp2), no biases, an untied output layer.
+inline void use_llama_block(models::GPTConfig& model) {
+  model.normalization = models::Normalization::kRMSNorm;
+  model.position_embedding_type = models::PositionEmbeddingType::kRope;
+  model.gated_linear_unit = true;
+  model.activation_func = models::ActivationFunc::kSilu;
+  model.num_query_groups = 2;
+  model.add_bias_linear = false;
+  model.qk_layernorm = true;
+  model.share_embeddings_and_output_weights = false;
+}
+
 /// main() of a worker: initialises the world (which outlives pretrain(), so each run creates and releases only its
 /// model-parallel groups), runs `dispatch(scenario)` — an exit code, or -1 for arguments it does not know (then
 /// `usage` goes to stderr and the exit code is 2) — and prints "<scenario>: ok" when it returned 0 and no expect()

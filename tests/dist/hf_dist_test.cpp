@@ -1,13 +1,16 @@
-// The Hugging Face GPT-2 bridge against transformers itself (tests/tools/hf_gpt2.py, the tests' venv): a tiny random
-// GPT2LMHeadModel loaded with checkpoint.pretrained_checkpoint=hf:<dir> gives transformers' logits to fp32 round-off
-// at tp1, tp2, pp2 and pp2 x 2 virtual chunks (real ranks); after a training step, bridge-export writes a directory
-// that GPT2LMHeadModel.from_pretrained loads, with the logits bridge had. Also the safetensors reader's errors.
+// The Hugging Face bridges against transformers itself (tests/tools/hf_models.py, the tests' venv): tiny random
+// GPT-2, Llama (grouped queries, untied; Llama 3.1's rope scaling, tied), Mistral, Qwen2 (QKV biases) and Qwen3 (q/k
+// norms) models loaded with checkpoint.pretrained_checkpoint=hf:<dir> give transformers' logits to fp32 round-off at
+// tp1, tp2, pp2 and pp2 x 2 virtual chunks (real ranks); after a training step, bridge-export writes a directory that
+// AutoModelForCausalLM.from_pretrained loads, with the logits bridge had; the TextGenerator's greedy continuation is
+// transformers' generate()'s. Also the safetensors reader's errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "tests/dist/spawn.h"
 #include "utils/safetensors.h"
@@ -19,9 +22,11 @@ using bridge::testing::describe;
 using bridge::testing::expect_all_ok;
 using bridge::testing::run_command;
 using bridge::testing::run_ranks;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
-constexpr int64_t kVocab = 301;  // tests/tools/hf_gpt2.py's
+constexpr int64_t kVocab = 301;  // tests/tools/hf_models.py's
 
 fs::path scratch(const std::string& name) {
   const fs::path directory = fs::temp_directory_path() / ("bridge_hf_" + name + "_" + std::to_string(::getpid()));
@@ -40,7 +45,7 @@ bool has_transformers() {
 }
 
 void python(const std::vector<std::string>& arguments) {
-  std::vector<std::string> argv = {BRIDGE_TOOLS_PYTHON, BRIDGE_HF_GPT2};
+  std::vector<std::string> argv = {BRIDGE_TOOLS_PYTHON, BRIDGE_HF_MODELS};
   argv.insert(argv.end(), arguments.begin(), arguments.end());
   const auto result = run_command(argv, std::chrono::seconds(300));
   ASSERT_EQ(result.exit_code, 0) << result.output
@@ -51,28 +56,28 @@ torch::Tensor logits_in(const fs::path& file) {
   return bridge::utils::read_safetensors(file).tensors.at("logits").slice(-1, 0, kVocab);
 }
 
-// One transformers model for the whole binary (each test is its own process: made once there).
+// One transformers model per family for the whole binary (each test is its own process: made once there).
 struct Reference {
   fs::path directory, hf, ids, logits;
 };
-const Reference& reference() {
-  static const Reference made = [] {
-    Reference r;
-    r.directory = scratch("reference");
-    r.hf = r.directory / "gpt2";
-    r.ids = r.directory / "ids.safetensors";
-    r.logits = r.directory / "logits.safetensors";
-    python({"make", r.hf.string(), r.ids.string(), r.logits.string()});
-    return r;
-  }();
-  return made;
+const Reference& reference(const std::string& family) {
+  static std::map<std::string, Reference> made;
+  auto it = made.find(family);
+  if (it != made.end()) return it->second;
+  Reference r;
+  r.directory = scratch("reference_" + family);
+  r.hf = r.directory / family;
+  r.ids = r.directory / "ids.safetensors";
+  r.logits = r.directory / "logits.safetensors";
+  python({"make", family, r.hf.string(), r.ids.string(), r.logits.string()});
+  return made.emplace(family, r).first->second;
 }
 
 double max_difference(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-fs::path run_layout(const std::string& name, int tp, int pp, int vpp) {
-  const Reference& r = reference();
-  const fs::path out = scratch(name);
+fs::path run_layout(const std::string& family, const std::string& name, int tp, int pp, int vpp) {
+  const Reference& r = reference(family);
+  const fs::path out = scratch(family + "_" + name);
   const auto results = run_ranks(
       BRIDGE_GPT_WORKER,
       {"hf", r.hf.string(), r.ids.string(), out.string(), std::to_string(tp), std::to_string(pp), std::to_string(vpp)},
@@ -81,20 +86,8 @@ fs::path run_layout(const std::string& name, int tp, int pp, int vpp) {
   return out;
 }
 
-void expect_transformers_logits(const std::string& name, int tp, int pp, int vpp) {
-  const fs::path out = run_layout(name, tp, pp, vpp);
-  const torch::Tensor expected = logits_in(reference().logits);
-  const torch::Tensor ours = logits_in(out / "start.safetensors");
-  ASSERT_EQ(ours.sizes(), expected.sizes());
-  const double difference = max_difference(ours, expected);
-  std::printf("%s: largest difference to transformers' logits %.2e (logits up to %.2f)\n", name.c_str(), difference,
-              expected.abs().max().item<double>());
-  EXPECT_LT(difference, 2e-5) << name;  // GeLU's exact form instead of gelu_new moves them by 3.8e-4
-  fs::remove_all(out);
-}
-
 // Every test needs transformers; a LibTorch 1.x install cannot have it.
-class HuggingFaceGpt2 : public ::testing::Test {
+class HuggingFace : public ::testing::Test {
  protected:
   void SetUp() override {
     if (has_transformers()) return;
@@ -103,34 +96,127 @@ class HuggingFaceGpt2 : public ::testing::Test {
   }
 };
 
-TEST_F(HuggingFaceGpt2, ImportedLogitsAreTransformersAtTp1) { expect_transformers_logits("tp1", 1, 1, 0); }
-TEST_F(HuggingFaceGpt2, ImportedLogitsAreTransformersAtTp2) { expect_transformers_logits("tp2", 2, 1, 0); }
-TEST_F(HuggingFaceGpt2, ImportedLogitsAreTransformersAtPp2) { expect_transformers_logits("pp2", 1, 2, 0); }
-TEST_F(HuggingFaceGpt2, ImportedLogitsAreTransformersAtPp2WithVirtualChunks) {
-  expect_transformers_logits("pp2vpp2", 1, 2, 2);
+// A family in a tp/pp/vpp layout (vpp 0: no virtual pipeline).
+struct Layout {
+  const char* family;
+  int tp, pp, vpp;
+};
+std::string layout_name(const Layout& layout) {
+  std::string name = std::string(layout.family) + "_tp" + std::to_string(layout.tp) + "_pp" + std::to_string(layout.pp);
+  return layout.vpp ? name + "_vpp" + std::to_string(layout.vpp) : name;
 }
 
-TEST_F(HuggingFaceGpt2, TrainedAtTp2ExportsToWhatTransformersLoads) {
-  const fs::path out = run_layout("roundtrip", 2, 1, 0);
+class HuggingFaceLogits : public HuggingFace, public ::testing::WithParamInterface<Layout> {};
+
+// checkpoint.pretrained_checkpoint=hf:<dir> gives transformers' logits to fp32 round-off, with GQA groups split over
+// tp2 and the layers over pipeline stages and virtual chunks.
+TEST_P(HuggingFaceLogits, ImportedLogitsAreTransformers) {
+  const Layout& layout = GetParam();
+  const fs::path out = run_layout(layout.family, layout_name(layout), layout.tp, layout.pp, layout.vpp);
+  const torch::Tensor expected = logits_in(reference(layout.family).logits);
+  const torch::Tensor ours = logits_in(out / "start.safetensors");
+  ASSERT_EQ(ours.sizes(), expected.sizes());
+  const double difference = max_difference(ours, expected);
+  std::printf("%s: largest difference to transformers' logits %.2e (logits up to %.2f)\n", layout_name(layout).c_str(),
+              difference, expected.abs().max().item<double>());
+  EXPECT_LT(difference, 2e-5) << layout_name(layout);  // GPT-2's exact GeLU instead of gelu_new moves them by 3.8e-4
+  // The TextGenerator's greedy continuation is transformers' generate()'s.
+  python({"generate", reference(layout.family).hf.string(), (out / "generated.safetensors").string(),
+          (out / "hf_generated.safetensors").string(), "6"});
+  const torch::Tensor ours_tokens = bridge::utils::read_safetensors(out / "generated.safetensors").tensors.at("tokens");
+  const torch::Tensor their_tokens =
+      bridge::utils::read_safetensors(out / "hf_generated.safetensors").tensors.at("tokens");
+  EXPECT_TRUE(ours_tokens.equal(their_tokens)) << ours_tokens << their_tokens;
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceLogits,
+                         ::testing::Values(Layout{"gpt2", 1, 1, 0}, Layout{"gpt2", 2, 1, 0}, Layout{"gpt2", 1, 2, 0},
+                                           Layout{"gpt2", 1, 2, 2}, Layout{"llama", 1, 1, 0}, Layout{"llama", 2, 1, 0},
+                                           Layout{"llama", 1, 2, 0}, Layout{"llama", 1, 2, 2},
+                                           Layout{"llama31", 1, 1, 0}, Layout{"llama31", 2, 1, 0},
+                                           Layout{"mistral", 2, 1, 0}, Layout{"qwen2", 1, 1, 0},
+                                           Layout{"qwen2", 2, 1, 0}, Layout{"qwen3", 1, 1, 0}, Layout{"qwen3", 2, 1, 0},
+                                           Layout{"qwen3", 1, 2, 0}),
+                         [](const ::testing::TestParamInfo<Layout>& info) { return layout_name(info.param); });
+
+class HuggingFaceExport : public HuggingFace, public ::testing::WithParamInterface<const char*> {};
+
+// One training step at tp2, bridge-export, then AutoModelForCausalLM.from_pretrained: transformers' logits are the
+// trained model's, and the exported config.json names the family it came from.
+TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
+  const std::string family = GetParam();
+  const fs::path out = run_layout(family, "roundtrip", 2, 1, 0);
   const fs::path exported = out / "exported";
-  const auto exporting =
-      run_command({BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir", exported.string()},
-                  std::chrono::seconds(120));
+  std::vector<std::string> command = {BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir",
+                                      exported.string()};
+  if (family == "mistral") command.insert(command.end(), {"--model-type", "mistral"});
+  const auto exporting = run_command(command, std::chrono::seconds(120));
   ASSERT_EQ(exporting.exit_code, 0) << exporting.output;
-  python({"logits", exported.string(), reference().ids.string(), (out / "loaded.safetensors").string()});
+  const std::string model_type = family == "llama31" ? "llama" : family;
+  EXPECT_THAT(exporting.output, HasSubstr("a " + model_type + " model"));
+  python({"logits", exported.string(), reference(family).ids.string(), (out / "loaded.safetensors").string()});
   const torch::Tensor trained = logits_in(out / "end.safetensors");
   const torch::Tensor loaded = logits_in(out / "loaded.safetensors");
   const double difference = max_difference(loaded, trained);
-  std::printf("trained at tp2, exported: largest difference of transformers' logits to bridge's %.2e\n", difference);
+  std::printf("%s trained at tp2, exported: largest difference of transformers' logits to bridge's %.2e\n",
+              family.c_str(), difference);
   EXPECT_LT(difference, 2e-5);
   EXPECT_GT(max_difference(trained, logits_in(out / "start.safetensors")), 1e-4) << "the step changed the model";
-  // The exporter's errors: no checkpoint, a bad flag.
+  fs::remove_all(out);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceExport,
+                         ::testing::Values("gpt2", "llama", "llama31", "mistral", "qwen2", "qwen3"),
+                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+// bridge-pretrain with hf:<dir> takes the model from config.json (AutoBridge): the embedded recipe's GPT sizes give
+// way with no model.* given, and a model.* the user gives that disagrees is an error (exit 2, before any rank
+// starts) naming both values.
+TEST_F(HuggingFace, PretrainTakesTheModelFromConfigJson) {
+  const Reference& llama = reference("llama");
+  const fs::path out = scratch("autobridge");
+  const std::string source = "checkpoint.pretrained_checkpoint=hf:" + llama.hf.string();
+  const auto printed =
+      run_command({BRIDGE_PRETRAIN, source, "model.seq_length=32", "--print-config"}, std::chrono::seconds(120));
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  for (const char* line :
+       {"num_query_groups: 2", "normalization: RMSNorm", "position_embedding_type: rope", "rotary_base: 500000",
+        "gated_linear_unit: true", "activation_func: silu", "add_bias_linear: false",
+        "share_embeddings_and_output_weights: false", "vocab_size: 301", "hidden_size: 64", "ffn_hidden_size: 96"}) {
+    EXPECT_THAT(printed.output, HasSubstr(line));
+  }
+  const auto trained = run_command({BRIDGE_PRETRAIN, source, "model.seq_length=32", "train.train_iters=2",
+                                    "train.eval_iters=0", "checkpoint.save=" + (out / "ckpt").string()},
+                                   std::chrono::seconds(300));
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_THAT(trained.output, HasSubstr("loading the weights of the Hugging Face model"));
+  const auto disagreeing = run_command({BRIDGE_PRETRAIN, source, "model.hidden_size=128", "model.num_query_groups=2"},
+                                       std::chrono::seconds(120));
+  EXPECT_EQ(disagreeing.exit_code, 2) << disagreeing.output;
+  EXPECT_THAT(disagreeing.output,
+              AllOf(HasSubstr("takes the model from its config.json, but model.hidden_size (128, config.json: 64)"),
+                    Not(HasSubstr("model.num_query_groups ("))));
+  const auto missing = run_command({BRIDGE_PRETRAIN, "checkpoint.pretrained_checkpoint=hf:" + (out / "none").string()},
+                                   std::chrono::seconds(120));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("config.json"));
+  fs::remove_all(out);
+}
+
+// The exporter's errors: no checkpoint, a bad flag, an unknown model type.
+TEST(HuggingFaceExportErrors, NamedWithTheirExitCodes) {
+  const fs::path out = scratch("export_errors");
   const auto missing =
       run_command({BRIDGE_EXPORT, "--checkpoint", (out / "absent").string(), "--hf-dir", (out / "x").string()},
                   std::chrono::seconds(60));
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.output, HasSubstr("no latest_checkpointed_iteration.txt"));
   EXPECT_EQ(run_command({BRIDGE_EXPORT, "--hf-dir", "x"}, std::chrono::seconds(60)).exit_code, 2);
+  const auto bad_type = run_command({BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--model-type", "bert"},
+                                    std::chrono::seconds(60));
+  EXPECT_EQ(bad_type.exit_code, 2);
+  EXPECT_THAT(bad_type.output, HasSubstr("--model-type must be gpt2, llama, mistral, qwen2 or qwen3, got 'bert'"));
   fs::remove_all(out);
 }
 

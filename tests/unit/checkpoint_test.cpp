@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bridge/bridge.h"
+#include "bridge/models/qkv_layout.h"
 #include "training/checkpointing/checkpointing.h"
 #include "utils/durable_file.h"
 #include "utils/torch_pickle.h"
@@ -343,6 +344,62 @@ TEST(Checkpoint, TwoStatefulCallbacksWithOneKeyAreAnError) {
   manager.add(shared);
   EXPECT_NO_THROW(manager.add(shared));  // the same object twice is one state
   EXPECT_EQ(manager.stateful_callbacks().size(), 2U);
+}
+
+// A checkpoint of bridge's older fused-QKV layout ([Q; K; V] rows, no qkv_layout entry) loads converted into
+// Megatron-Core's grouped layout: the file is rewritten into the old layout (the model's and Adam's QKV tensors), and
+// resuming from it continues bit for bit as from the original.
+TEST(Checkpoint, OlderQkvLayoutLoadsConverted) {
+  const fs::path dir = fresh_directory("older_qkv");
+  ConfigContainer config = tiny_config(2);
+  config.checkpoint.save = dir.string();
+  train(config);
+  const fs::path converted = fresh_directory("older_qkv_converted");
+  fs::copy(dir, converted, fs::copy_options::recursive);
+  const fs::path rank_file = converted / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt";
+  c10::impl::GenericDict file = bridge::utils::load_torch_pickle(rank_file).toGenericDict();
+  ASSERT_EQ(file.at("qkv_layout").toStringRef(), "megatron_core");
+  file.erase("qkv_layout");
+  const auto to_old = [&](const torch::Tensor& grouped) {
+    const auto [q, k, v] = models::split_qkv(grouped, config.model);
+    return torch::cat({q, k, v}, 0);
+  };
+  int converted_tensors = 0;
+  c10::impl::GenericDict model = file.at("model").toGenericDict();
+  c10::impl::GenericDict state =
+      file.at("optimizer").toGenericDict().at("optimizer").toGenericDict().at("state").toGenericDict();
+  for (const auto& item : model) {
+    const std::string name = item.key().toStringRef();
+    if (name.find("linear_qkv") == std::string::npos) continue;
+    const torch::Tensor old = to_old(item.value().toTensor());
+    EXPECT_FALSE(old.equal(item.value().toTensor())) << name;  // two heads: the layouts differ
+    model.insert_or_assign(name, old);
+    c10::impl::GenericDict moments = state.at(name).toGenericDict();
+    for (const char* key : {"exp_avg", "exp_avg_sq"}) moments.insert_or_assign(key, to_old(moments.at(key).toTensor()));
+    ++converted_tensors;
+  }
+  EXPECT_EQ(converted_tensors, 4);  // two layers' weights and biases
+  bridge::utils::save_torch_pickle(rank_file, file);
+
+  config.train.train_iters = 4;
+  const Recorded original = [&] {
+    ConfigContainer resumed = config;
+    resumed.checkpoint.load = dir.string();
+    resumed.checkpoint.save = "";
+    return train(resumed);
+  }();
+  ConfigContainer from_old = config;
+  from_old.checkpoint.load = converted.string();
+  from_old.checkpoint.save = "";
+  const Recorded upgraded = train(from_old);
+  ASSERT_EQ(upgraded.losses.size(), 2U);
+  EXPECT_EQ(upgraded.losses, original.losses);
+  EXPECT_EQ(upgraded.grad_norms, original.grad_norms);
+  for (const auto& [name, param] : original.final_params) {
+    EXPECT_TRUE(param.equal(upgraded.final_params.at(name))) << name;
+  }
+  fs::remove_all(dir);
+  fs::remove_all(converted);
 }
 
 // checkpoint.async_save: the files are written on a thread while training goes on, each save is finalised in order

@@ -98,7 +98,24 @@ TEST(MegatronBridgeKeys, FeaturesBridgeLacksAreAcceptedOnlyWhenOff) {
   EXPECT_THAT(override_error("model.sequence_parallel=true"),
               AllOf(HasSubstr("model.sequence_parallel=true is not supported"),
                     HasSubstr("bridge has no sequence parallelism"), HasSubstr("set it to false or remove it")));
-  EXPECT_THAT(override_error("model.normalization=RMSNorm"), HasSubstr("LayerNorm, learned absolute positions"));
+  EXPECT_THAT(override_error("model.apply_residual_connection_post_layernorm=true"),
+              HasSubstr("bridge's transformer layers are pre-norm"));
+  // Megatron-Core's transformer options are bridge's own keys, under the same names and spellings.
+  const ConfigContainer llama =
+      with_overrides({"model.normalization=RMSNorm", "model.position_embedding_type=rope", "model.num_query_groups=2",
+                      "model.gated_linear_unit=true",
+                      "model.activation_func={_target_: torch.nn.functional.silu, "
+                      "_call_: false}",
+                      "model.add_bias_linear=false", "model.qk_layernorm=true", "model.rotary_base=500000"});
+  EXPECT_EQ(llama.model.normalization, models::Normalization::kRMSNorm);
+  EXPECT_EQ(llama.model.position_embedding_type, models::PositionEmbeddingType::kRope);
+  EXPECT_EQ(llama.model.num_query_groups, 2);
+  EXPECT_TRUE(llama.model.gated_linear_unit);
+  EXPECT_EQ(llama.model.activation_func, models::ActivationFunc::kSilu);
+  EXPECT_FALSE(llama.model.add_bias_linear);
+  EXPECT_TRUE(llama.model.qk_layernorm);
+  EXPECT_EQ(llama.model.rotary_base, 500000.0);
+  EXPECT_THAT(override_error("model.normalization=BatchNorm"), HasSubstr("LayerNorm or RMSNorm"));
   EXPECT_THAT(override_error("optimizer.use_distributed_optimizer=true"),
               HasSubstr("whole optimizer state on every data-parallel rank"));
   EXPECT_THAT(override_error("dist.distributed_timeout_minutes=2.5"), HasSubstr("whole number of minutes, got 2.5"));

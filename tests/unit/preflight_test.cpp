@@ -149,11 +149,28 @@ TEST(WriteProbe, RefusesPathsThatCannotBeWrittenAndLeavesNothing) {
   fs::remove_all(directory);
 }
 
+// GPT-2's block tied and untied, then Llama's (RMSNorm, RoPE, SwiGLU, grouped queries, no biases), Qwen2's (a QKV
+// bias without the others) and Qwen3's (q/k norms, a head width of its own).
 TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
-  for (bool tied : {true, false}) {
+  for (int variant = 0; variant < 5; ++variant) {
+    const bool tied = variant != 1;
     ConfigContainer config = tiny_config();
     config.model.share_embeddings_and_output_weights = tied;
     config.model.ffn_hidden_size = 24;
+    if (variant >= 2) {
+      config.model.normalization = models::Normalization::kRMSNorm;
+      config.model.position_embedding_type = models::PositionEmbeddingType::kRope;
+      config.model.gated_linear_unit = true;
+      config.model.activation_func = models::ActivationFunc::kSilu;
+      config.model.num_query_groups = config.model.num_attention_heads / 2;
+      config.model.add_bias_linear = false;
+    }
+    if (variant == 3) config.model.add_qkv_bias = true;
+    if (variant == 4) {
+      config.model.qk_layernorm = true;
+      config.model.kv_channels = 6;
+      config.model.normalization = models::Normalization::kLayerNorm;
+    }
     int64_t built = 0;
     auto callbacks = std::make_shared<CallbackManager>();
     callbacks->register_callback(Event::kTrainStart, [&](CallbackContext& ctx) {
@@ -163,7 +180,7 @@ TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
     });
     config.train.train_iters = 1;
     pretrain(config, gpt_forward_step, callbacks);
-    EXPECT_EQ(training::utils::num_parameters(config.model, 1), static_cast<double>(built)) << "tied " << tied;
+    EXPECT_EQ(training::utils::num_parameters(config.model, 1), static_cast<double>(built)) << "variant " << variant;
     const training::utils::MemoryEstimate estimate = training::utils::estimate_memory(config, 1);
     EXPECT_EQ(estimate.parameters, static_cast<double>(built));
     EXPECT_EQ(estimate.weights, 4.0 * built);

@@ -206,6 +206,22 @@ TEST(FlopUtils, MegatronFormulaByHand) {
   EXPECT_DOUBLE_EQ(num_floating_point_operations(config, 8, 4), 12.0 * 8 * 64 * 2 * 64 * 64 * 9);
 }
 
+// Megatron's terms for grouped-query attention (num_query_groups / num_attention_heads key/value projections) and a
+// gated MLP (three GEMMs of f instead of two: x 3/2).
+TEST(FlopUtils, GroupedQueriesAndGatedMlpByHand) {
+  models::GPTConfig config;
+  config.num_layers = 2;
+  config.hidden_size = 64;
+  config.num_attention_heads = 4;
+  config.num_query_groups = 2;
+  config.gated_linear_unit = true;
+  config.ffn_hidden_size = 256;
+  config.vocab_size = 200;
+  config.seq_length = 64;
+  // (1 + 2/4 + 1) + 4 * 3/2 + 256 / (2 * 2 * 64) = 2.5 + 6 + 1
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(config, 8, 1), 12.0 * 8 * 64 * 2 * 64 * 64 * 9.5);
+}
+
 LossDict losses(double lm) { return {{"lm loss", torch::tensor(lm)}}; }
 
 TEST(TrainingLog, MegatronLineWithEveryField) {

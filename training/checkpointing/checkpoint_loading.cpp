@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "bridge/hf/gpt2.h"
+#include "bridge/hf/auto_bridge.h"
 #include "parallel/dist_checkpointing/sharded_tensor.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
@@ -102,9 +102,9 @@ std::optional<Source> resolve_source(const CheckpointConfig& config) {
   return source;
 }
 
-// The weights of a Hugging Face GPT-2 directory, as a checkpoint of one file holding every tensor whole: the
-// checkpoint loader's checks and copies then place each rank's slice in any layout (the vocabulary padding keeps
-// its initial values, as a checkpoint saved with less padding leaves it).
+// The weights of a Hugging Face directory (GPT-2 or the Llama family), as a checkpoint of one file holding every tensor
+// whole: the checkpoint loader's checks and copies then place each rank's slice in any layout (the vocabulary padding
+// keeps its initial values, as a checkpoint saved with less padding leaves it).
 LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directory) {
   const std::vector<CheckpointParam> params = checkpoint_params(setup);
   const std::string path = (directory / "model.safetensors").string();
@@ -112,14 +112,14 @@ LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directo
   std::map<std::string, std::vector<std::string>> files_of;
   LoadOptions options;
   options.progress = options.optimizer = options.rng = false;
-  const std::string what = "loading the Hugging Face GPT-2 " + directory.string();
+  const std::string what = "loading the Hugging Face model " + directory.string();
   if (parallel::get_rank() == 0) {
-    bridge::utils::logger().warn("loading the weights of the Hugging Face GPT-2 {} (checkpoint.pretrained_checkpoint)",
+    bridge::utils::logger().warn("loading the weights of the Hugging Face model {} (checkpoint.pretrained_checkpoint)",
                                  directory.string());
   }
   try {
     on_every_rank(what, [&] {
-      const std::map<std::string, torch::Tensor> weights = hf::load_gpt2_weights(directory, setup.config.model);
+      const std::map<std::string, torch::Tensor> weights = hf::load_hf_weights(directory, setup.config.model);
       GenericDict model = new_checkpoint_dict(), metadata = new_checkpoint_dict();
       for (const auto& [name, tensor] : weights) {
         model.insert(name, tensor);
@@ -198,7 +198,10 @@ void read_checkpoint_files(const fs::path& directory, const std::vector<std::str
     for (const std::string& path : files_of.at(entry.source_name())) needed.insert(path);
   }
   if (!own_file.empty()) needed.insert(own_file);
-  for (const std::string& path : needed) files.emplace(path, LoadedFile{path, read_pickle(path)});
+  for (const std::string& path : needed) {
+    LoadedFile& file = files.emplace(path, LoadedFile{path, read_pickle(path)}).first->second;
+    upgrade_qkv_layout(file.dict, path);
+  }
   check_loadable(params, files, files_of, options);
 }
 

@@ -2,6 +2,7 @@
 // scheduler, the counters and the RNG streams, slice by slice through the shard metadata.
 #include "training/checkpointing/checkpoint_state.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
@@ -101,6 +102,7 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
                                        int64_t iteration) {
   GenericDict top = new_checkpoint_dict();
   top.insert("checkpoint_version", kCheckpointVersion);
+  top.insert(kQkvLayoutKey, std::string(kQkvLayoutGrouped));
   top.insert("iteration", iteration);
   top.insert("config", to_yaml(setup.config));
 
@@ -421,6 +423,46 @@ void load_rng_state(const c10::impl::GenericDict& rank_file, const std::string& 
     states.tracker.emplace(item.key().toStringRef(), item.value().toTensor());
   }
   parallel::tensor_parallel::set_all_rng_states(states);
+}
+
+void upgrade_qkv_layout(GenericDict& file, const std::string& path) {
+  if (file.contains(c10::IValue(std::string(kQkvLayoutKey)))) return;
+  const ConfigContainer saved = load_config_yaml_string(checkpoint_field(file, "config", path).toStringRef(), path);
+  const int64_t head_dim = saved.model.head_dim();
+  const int64_t hidden = saved.model.num_attention_heads * head_dim;
+  // Row r of [Q; K; V] is channel d of head i of part p (q, k or v); Megatron-Core's layout puts it at row
+  // i * 3 * head_dim + p * head_dim + d. Blocks are cut at head boundaries, where the mapping stays contiguous.
+  const auto grouped_row = [&](int64_t row) {
+    const int64_t part = row / hidden, head = row % hidden / head_dim, channel = row % head_dim;
+    return head * 3 * head_dim + part * head_dim + channel;
+  };
+  GenericDict metadata = checkpoint_dict(file, "shard_metadata", path);
+  std::vector<std::pair<c10::IValue, c10::IValue>> upgraded;
+  for (const auto& item : metadata) {
+    const std::string& name = item.key().toStringRef();
+    if (name.find("self_attention.linear_qkv.") == std::string::npos) continue;
+    dc::ShardedTensorLayout layout = dc::layout_from_ivalue(item.value(), name + " in " + path);
+    if (layout.global_shape.empty() || layout.global_shape[0] != 3 * hidden) {
+      throw std::runtime_error(path + ": " + name + " has " + shape_string(layout.global_shape) +
+                               " rows, not 3 x hidden_size as an older checkpoint's [Q; K; V]: the file is damaged");
+    }
+    if (layout.replicated()) {  // one whole block along the rows
+      layout.partition_dim = 0;
+      layout.blocks = {{0, 0, layout.global_shape[0]}};
+    }
+    std::vector<dc::ShardedTensorLayout::Block> blocks;
+    for (const auto& block : layout.blocks) {
+      for (int64_t row = block.global_start; row < block.global_start + block.length;) {
+        const int64_t end = std::min(block.global_start + block.length, (row / head_dim + 1) * head_dim);
+        blocks.push_back({block.local_start + row - block.global_start, grouped_row(row), end - row});
+        row = end;
+      }
+    }
+    layout.blocks = std::move(blocks);
+    upgraded.emplace_back(item.key(), dc::to_ivalue(layout));
+  }
+  for (const auto& [name, layout] : upgraded) metadata.insert_or_assign(name, layout);
+  file.insert_or_assign(std::string(kQkvLayoutKey), std::string(kQkvLayoutGrouped));
 }
 
 }  // namespace bridge::training

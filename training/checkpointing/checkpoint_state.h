@@ -28,6 +28,11 @@ namespace bridge::training {
 /// Megatron-LM's checkpoint_version; this layout (global names, shard metadata) is bridge's 1 of it.
 inline constexpr double kCheckpointVersion = 3.0;
 
+/// The fused QKV weight's layout, saved as the files' "qkv_layout" entry: Megatron-Core's, rows grouped by key/value
+/// head ([q..q k v] per group). A file without the entry is of bridge's older [Q; K; V] layout (multi-head only).
+inline constexpr const char* kQkvLayoutKey = "qkv_layout";
+inline constexpr const char* kQkvLayoutGrouped = "megatron_core";
+
 /// One trainable parameter of this rank as checkpoints see it.
 struct CheckpointParam {
   std::string name;          ///< the global (Megatron-Core) name
@@ -84,6 +89,12 @@ void load_progress(PretrainSetup& setup, const c10::impl::GenericDict& common);
 void load_rng_state(const c10::impl::GenericDict& rank_file, const std::string& path);
 
 /// Dict helpers shared by the checkpoint code: the value under `key`, or a std::runtime_error naming `what`.
+/// For a rank file of the older [Q; K; V] layout (no "qkv_layout" entry), rewrites the shard metadata of its
+/// linear_qkv weights and biases to say where their rows lie in Megatron-Core's grouped layout, so that every load
+/// (the checkpoint loader's copies, bridge-export) converts them; the tensors are untouched. The number of heads comes
+/// from the file's config. Files of the current layout are left as they are.
+void upgrade_qkv_layout(c10::impl::GenericDict& file, const std::string& path);
+
 c10::IValue checkpoint_field(const c10::impl::GenericDict& dict, const std::string& key, const std::string& what);
 c10::impl::GenericDict checkpoint_dict(const c10::impl::GenericDict& dict, const std::string& key,
                                        const std::string& what);

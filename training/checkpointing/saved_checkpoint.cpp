@@ -48,7 +48,10 @@ SavedWeights load_saved_weights(const std::string& directory, std::optional<int6
   std::map<std::string, GenericDict> files;
   const auto file = [&](const std::string& relative) -> const GenericDict& {
     auto it = files.find(relative);
-    if (it == files.end()) it = files.emplace(relative, read_dict(root / relative)).first;
+    if (it == files.end()) {
+      it = files.emplace(relative, read_dict(root / relative)).first;
+      upgrade_qkv_layout(it->second, (root / relative).string());
+    }
     return it->second;
   };
   for (const auto& item : checkpoint_dict(common, "tensors", common_path)) {

@@ -3,7 +3,7 @@
 // every file of an iteration (bridge-checkpoint verify).
 //
 //   SavedWeights saved = load_saved_weights("ckpt");  // the tracker's iteration
-//   hf::save_gpt2("gpt2-out", saved.tensors, saved.config.model);
+//   hf::save_hf("hf-out", saved.tensors, saved.config.model);
 //   for (const VerifiedFile& file : verify_checkpoint("ckpt/iter_0000020")) if (!file.intact()) ...
 #pragma once
 

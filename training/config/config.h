@@ -174,7 +174,7 @@ struct CheckpointConfig {
   /// Load this iteration of `load` instead of the tracker's.
   std::optional<int64_t> ckpt_step;
   /// Weights only (fresh optimizer, scheduler and step 0) from this directory, when nothing else is resumed; or
-  /// `hf:<dir>`, a Hugging Face GPT-2 directory (config.json + model.safetensors, bridge/hf/gpt2.h).
+  /// `hf:<dir>`, a Hugging Face directory of GPT-2 or the Llama family (config.json + safetensors, bridge/hf/).
   std::string pretrained_checkpoint;
   /// Load only the model from `load`: fresh optimizer, scheduler, RNG and counters (Megatron's --finetune).
   bool finetune = false;

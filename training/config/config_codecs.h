@@ -5,6 +5,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -200,62 +201,58 @@ struct Codec<parallel::Backend> {
   static void emit(YAML::Emitter& out, parallel::Backend value) { out << std::string(parallel::to_string(value)); }
 };
 
-// Megatron-Core's AttnBackend names, reduced to the two bridge has.
-inline constexpr std::pair<models::AttnBackend, std::string_view> kAttnBackends[] = {
-    {models::AttnBackend::kAuto, "auto"}, {models::AttnBackend::kUnfused, "unfused"}};
-
-template <>
-struct Codec<models::AttnBackend> {
-  static std::string type() { return "auto or unfused"; }
-  static std::optional<models::AttnBackend> parse(const YAML::Node& node) {
-    if (!node.IsScalar()) return std::nullopt;
-    const std::string text = to_lower(trim(node.Scalar()));
-    for (const auto& [backend, name] : kAttnBackends) {
-      if (text == name) return backend;
+// An enumeration read by name from a table of {value, name} pairs, case-insensitively; the first name of a value is
+// the one written. Megatron-Bridge's YAML dumps write a function as {_target_: torch.nn.functional.gelu, _call_:
+// false}: the last name of its _target_ is read.
+template <class E, const auto& kNames>
+struct NamedEnumCodec {
+  static std::string type() {
+    std::vector<std::string_view> names;
+    for (const auto& [value, name] : kNames) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
-    return std::nullopt;
-  }
-  static void emit(YAML::Emitter& out, models::AttnBackend value) {
-    for (const auto& [backend, name] : kAttnBackends) {
-      if (value == backend) out << std::string(name);
+    std::string text;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + std::string(names[i]);
     }
+    return text;
   }
-};
-
-// Megatron-Core's activation names for the two GeLUs. Megatron-Bridge's YAML dumps write the function as
-// {_target_: torch.nn.functional.gelu, _call_: false}: its last name is read.
-inline constexpr std::pair<models::ActivationFunc, std::string_view> kActivations[] = {
-    {models::ActivationFunc::kGelu, "gelu"},
-    {models::ActivationFunc::kOpenaiGelu, "openai_gelu"},
-    {models::ActivationFunc::kOpenaiGelu, "fast_gelu"}};
-
-template <>
-struct Codec<models::ActivationFunc> {
-  static std::string type() { return "gelu or openai_gelu"; }
-  static std::optional<models::ActivationFunc> parse(const YAML::Node& node) {
+  static std::optional<E> parse(const YAML::Node& node) {
     std::string text;
     if (node.IsMap() && node["_target_"] && node["_target_"].IsScalar()) {
       text = node["_target_"].Scalar();
       text = text.substr(text.rfind('.') + 1);
     } else if (node.IsScalar()) {
-      text = to_lower(trim(node.Scalar()));
+      text = trim(node.Scalar());
     } else {
       return std::nullopt;
     }
-    for (const auto& [activation, name] : kActivations) {
-      if (text == name) return activation;
+    text = to_lower(text);
+    for (const auto& [value, name] : kNames) {
+      if (text == to_lower(name)) return value;
     }
     return std::nullopt;
   }
-  static void emit(YAML::Emitter& out, models::ActivationFunc value) {
-    for (const auto& [activation, name] : kActivations) {
-      if (value == activation) {
+  static void emit(YAML::Emitter& out, E value) {
+    for (const auto& [candidate, name] : kNames) {
+      if (value == candidate) {
         out << std::string(name);
         return;
       }
     }
   }
 };
+
+// Megatron-Core's names of the model's options (bridge/models/gpt_config.h holds the tables).
+template <>
+struct Codec<models::AttnBackend> : NamedEnumCodec<models::AttnBackend, models::kAttnBackendNames> {};
+template <>
+struct Codec<models::ActivationFunc> : NamedEnumCodec<models::ActivationFunc, models::kActivationFuncNames> {};
+template <>
+struct Codec<models::Normalization> : NamedEnumCodec<models::Normalization, models::kNormalizationNames> {};
+template <>
+struct Codec<models::PositionEmbeddingType>
+    : NamedEnumCodec<models::PositionEmbeddingType, models::kPositionEmbeddingTypeNames> {};
 
 // Options keep the YAML text they were written as: a scalar as it reads, anything else in flow style.
 inline std::string yaml_text(const YAML::Node& node) {

@@ -34,8 +34,7 @@ struct Entry {
 
 constexpr std::string_view kNoDistributedOptimizer =
     "bridge keeps the whole optimizer state on every data-parallel rank (the same updates, more memory)";
-constexpr std::string_view kOnlyLayerNormGpt =
-    "bridge's GPT is Megatron's GPT-2 layout (LayerNorm, learned absolute positions, GeLU MLP with biases)";
+constexpr std::string_view kPreNorm = "bridge's transformer layers are pre-norm (the residual is the layer's input)";
 
 constexpr Entry kEntries[] = {
     // The parallel sizes live on Megatron-Bridge's model provider.
@@ -49,13 +48,7 @@ constexpr Entry kEntries[] = {
     {"model.sequence_parallel", Rule::kOnly, "false", "bridge has no sequence parallelism"},
     {"model.expert_model_parallel_size", Rule::kOnly, "1", "bridge's GPT has no experts"},
     {"model.num_moe_experts", Rule::kOnly, "null", "bridge's GPT has no experts"},
-    {"model.num_query_groups", Rule::kOnly, "null", "bridge's attention has one key/value head per query head"},
-    {"model.normalization", Rule::kOnly, "LayerNorm", kOnlyLayerNormGpt},
-    {"model.position_embedding_type", Rule::kOnly, "learned_absolute", kOnlyLayerNormGpt},
-    {"model.gated_linear_unit", Rule::kOnly, "false", kOnlyLayerNormGpt},
-    {"model.add_bias_linear", Rule::kOnly, "true", kOnlyLayerNormGpt},
-    {"model.qk_layernorm", Rule::kOnly, "false", kOnlyLayerNormGpt},
-    {"model.apply_residual_connection_post_layernorm", Rule::kOnly, "false", kOnlyLayerNormGpt},
+    {"model.apply_residual_connection_post_layernorm", Rule::kOnly, "false", kPreNorm},
     {"model.recompute_granularity", Rule::kOnly, "null", "bridge keeps every activation (no recomputation)"},
     // Megatron-Bridge's init functions, normal(0, init_method_std) as bridge's, written as Hydra partials.
     {"model.init_method", Rule::kIgnore, ""},

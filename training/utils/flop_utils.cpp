@@ -1,4 +1,4 @@
-// num_floating_point_operations: Megatron's formula for a dense GPT with full multi-head attention.
+// num_floating_point_operations: Megatron's formula for a dense GPT, with grouped-query attention and gated MLPs.
 #include "training/utils/flop_utils.h"
 
 #include "parallel/tensor_parallel/vocab_utils.h"
@@ -14,10 +14,12 @@ double num_floating_point_operations(const models::GPTConfig& config, int64_t ba
   const double ffn = static_cast<double>(config.ffn_size());
   const double vocab = static_cast<double>(parallel::tensor_parallel::vocab_size_with_padding(
       config.vocab_size, config.make_vocab_size_divisible_by, tensor_model_parallel_size));
-  const double query_groups_per_head = 1.0;  // no grouped-query attention
-  const double query_projection_ratio = static_cast<double>(config.head_dim() * config.num_attention_heads) / h;
+  const double query_groups_per_head =
+      static_cast<double>(config.query_groups()) / static_cast<double>(config.num_attention_heads);
+  const double query_projection_ratio = static_cast<double>(config.query_projection_size()) / h;
   const double attention = (1.0 + query_groups_per_head + s / h) * query_projection_ratio;
-  const double mlp = ffn / h;
+  const double gated_linear_multiplier = config.gated_linear_unit ? 1.5 : 1.0;  // three MLP GEMMs instead of two
+  const double mlp = ffn / h * gated_linear_multiplier;
   const double logits = vocab / (2.0 * layers * h);
   return 12.0 * b * s * layers * h * h * (attention + mlp + logits);
 }

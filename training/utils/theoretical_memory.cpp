@@ -10,14 +10,47 @@
 
 namespace bridge::training::utils {
 
+namespace {
+
+// A norm's parameters over `size` channels: LayerNorm's weight and bias, RMSNorm's weight.
+double norm_parameters(const models::GPTConfig& m, double size) {
+  return m.normalization == models::Normalization::kLayerNorm ? 2 * size : size;
+}
+
+// One layer's parameters: those split over tensor-parallel ranks (QKV, the projection, the MLP's weights, the
+// column-parallel biases) and those every rank holds (the row-parallel biases, the norms).
+struct LayerParameters {
+  double split = 0;
+  double replicated = 0;
+};
+
+LayerParameters layer_parameters(const models::GPTConfig& m) {
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_size());
+  const double qkv = static_cast<double>(m.qkv_size()), proj = static_cast<double>(m.query_projection_size());
+  const double fc1 = (m.gated_linear_unit ? 2 : 1) * f;
+  LayerParameters layer;
+  layer.split = h * qkv + proj * h + h * fc1 + f * h + (m.qkv_bias() ? qkv : 0) + (m.add_bias_linear ? fc1 : 0);
+  layer.replicated = (m.add_bias_linear ? 2 * h : 0) + 2 * norm_parameters(m, h) +
+                     (m.qk_layernorm ? 2 * norm_parameters(m, static_cast<double>(m.head_dim())) : 0);
+  return layer;
+}
+
+double position_parameters(const models::GPTConfig& m) {
+  return m.position_embedding_type == models::PositionEmbeddingType::kLearnedAbsolute
+             ? static_cast<double>(m.seq_length) * static_cast<double>(m.hidden_size)
+             : 0;
+}
+
+}  // namespace
+
 double num_parameters(const models::GPTConfig& m, int tensor_model_parallel_size) {
   const double vocab = static_cast<double>(parallel::tensor_parallel::vocab_size_with_padding(
       m.vocab_size, m.make_vocab_size_divisible_by, tensor_model_parallel_size));
-  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_size());
-  const double per_layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h;
+  const double h = static_cast<double>(m.hidden_size);
+  const LayerParameters layer = layer_parameters(m);
   const double output = m.share_embeddings_and_output_weights ? 0 : vocab * h;
-  return vocab * h + static_cast<double>(m.seq_length) * h + static_cast<double>(m.num_layers) * per_layer + 2 * h +
-         output;
+  return vocab * h + position_parameters(m) + static_cast<double>(m.num_layers) * (layer.split + layer.replicated) +
+         norm_parameters(m, h) + output;
 }
 
 MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
@@ -32,13 +65,16 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
       m.vocab_size, m.make_vocab_size_divisible_by, config.parallelism.tensor_model_parallel_size));
   const double layers = static_cast<double>(m.num_layers) / pp;
 
-  // Per layer: QKV and projection (4h^2 + 4h), the MLP (2hf + f + h) split over tensor parallel; two LayerNorms.
-  const double per_layer = (4 * h * h + 4 * h + 2 * h * f + f + h) / tp + 4 * h;
+  const LayerParameters layer = layer_parameters(m);
+  const double per_layer = layer.split / tp + layer.replicated;
   const double embedding = vocab * h / tp;
-  const double first = embedding + s * h + layers * per_layer + (pp == 1 ? 2 * h : 0);
+  const double positions = position_parameters(m);
+  const double final_norm = norm_parameters(m, h);
+  const double first = embedding + positions + layers * per_layer + (pp == 1 ? final_norm : 0);
   // The last stage holds the output layer, or a copy of the tied embedding when it is not also the first stage.
   const bool own_output = !m.share_embeddings_and_output_weights || pp > 1;
-  const double last = layers * per_layer + 2 * h + (own_output ? embedding : 0) + (pp == 1 ? embedding + s * h : 0);
+  const double last =
+      layers * per_layer + final_norm + (own_output ? embedding : 0) + (pp == 1 ? embedding + positions : 0);
 
   const MixedPrecisionConfig& mp = config.mixed_precision;
   const double param_bytes = mp.enabled() ? 2 : 4;
@@ -50,7 +86,7 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   const int64_t microbatches = config.num_microbatches(world_size);
   const int64_t in_flight = std::max<int64_t>(1, std::min<int64_t>(pp, microbatches));
   // Megatron's per-layer activations with selective recomputation, in bytes at 16 bits: s b h (18 + 4 f / h) / tp;
-  // twice that in fp32.
+  // twice that in fp32. Like Megatron's report, it counts neither grouped-query attention nor a gated MLP.
   const double act_scale = mp.enabled() ? 1.0 : 2.0;
   const double layer_activations = s * b * h * (18 + 4 * f / h) / tp * act_scale;
   const double logits = s * b * vocab / tp * 4 * 2;  // fp32 logits and their gradient

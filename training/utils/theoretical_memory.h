@@ -32,9 +32,9 @@ struct MemoryEstimate {
   double total() const { return weights + gradients + optimizer + activations; }
 };
 
-/// Parameters of the whole model (Megatron's formula): the embeddings, per layer attention, MLP and two LayerNorms,
-/// the final LayerNorm, and the output layer when it is not tied; the vocabulary padded as for
-/// `tensor_model_parallel_size`.
+/// Parameters of the whole model, exactly: the embeddings (a position table only with learned positions), per layer
+/// QKV (grouped), the projection, the MLP (gated or not), their biases and the norms (LayerNorm or RMSNorm, q/k norms),
+/// the final norm, and the output layer when it is not tied; the vocabulary padded as for `tensor_model_parallel_size`.
 double num_parameters(const models::GPTConfig& model, int tensor_model_parallel_size);
 
 /// The estimate for a job of `world_size` ranks. The activations follow Megatron's formula (Korthikanti et al. 2022,

@@ -1,0 +1,37 @@
+// What the Hugging Face bridges share (internal to bridge/hf/): config.json read with the file named in errors, its
+// values with defaults, the weights of a directory (model.safetensors, or the shards model.safetensors.index.json
+// names, as checkpoints of large models come), and writing a directory back.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace bridge::hf::detail {
+
+/// `directory`/config.json parsed; std::runtime_error naming the file when it is missing or not JSON.
+nlohmann::json read_config(const std::filesystem::path& directory);
+
+/// config[key], or `fallback` when the key is absent or null.
+template <class T>
+T value_or(const nlohmann::json& config, const char* key, T fallback) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  return it->get<T>();
+}
+
+/// Every tensor of the directory's model.safetensors, or of the files model.safetensors.index.json's weight_map
+/// names; std::runtime_error naming what is missing.
+std::map<std::string, torch::Tensor> read_weights(const std::filesystem::path& directory);
+
+/// Writes config.json and model.safetensors (creating the directory; overwriting those two files).
+void write_directory(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& tensors,
+                     const nlohmann::json& config);
+
+/// "[3, 4]"
+std::string shape_of(const torch::Tensor& tensor);
+
+}  // namespace bridge::hf::detail

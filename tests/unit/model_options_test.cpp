@@ -1,0 +1,192 @@
+// The Llama-family pieces of bridge's GPT against references written here from their definitions: the fused QKV
+// layout (Megatron-Core's grouping, both ways), RMSNorm, RoPE with Llama 3.1's scaling, grouped-query attention
+// against the same attention with every key/value head repeated, and GPTConfig's messages for layouts a group count
+// does not allow.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "bridge/models/gpt_config.h"
+#include "bridge/models/normalization.h"
+#include "bridge/models/qkv_layout.h"
+#include "bridge/models/rotary_pos_embedding.h"
+#include "bridge/models/transformer_layer.h"
+#include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
+
+namespace bridge::models {
+namespace {
+
+using ::testing::HasSubstr;
+
+GPTConfig grouped(int64_t heads, int64_t groups, int64_t head_dim) {
+  GPTConfig config;
+  config.num_attention_heads = heads;
+  config.num_query_groups = groups;
+  config.kv_channels = head_dim;
+  config.hidden_size = 32;
+  return config;
+}
+
+TEST(QkvLayout, GroupsEachKeyValueHeadAfterItsQueryHeads) {
+  const GPTConfig config = grouped(/*heads=*/4, /*groups=*/2, /*head_dim=*/1);
+  // One row per head: q0..q3 = 0..3, k0 k1 = 10 11, v0 v1 = 20 21.
+  const torch::Tensor q = torch::arange(4).to(torch::kFloat).unsqueeze(1);
+  const torch::Tensor k = torch::tensor({10.0f, 11.0f}).unsqueeze(1), v = torch::tensor({20.0f, 21.0f}).unsqueeze(1);
+  const torch::Tensor fused = fuse_qkv(q, k, v, config);
+  EXPECT_TRUE(fused.squeeze(1).equal(torch::tensor({0.0f, 1.0f, 10.0f, 20.0f, 2.0f, 3.0f, 11.0f, 21.0f})));
+  const auto [q2, k2, v2] = split_qkv(fused, config);
+  EXPECT_TRUE(q2.equal(q));
+  EXPECT_TRUE(k2.equal(k));
+  EXPECT_TRUE(v2.equal(v));
+  // Weights with wider heads and biases round-trip too.
+  const GPTConfig wide = grouped(8, 2, 3);
+  const torch::Tensor w = torch::randn({wide.qkv_size(), 5});
+  const auto [wq, wk, wv] = split_qkv(w, wide);
+  EXPECT_EQ(wq.sizes(), (std::vector<int64_t>{24, 5}));
+  EXPECT_TRUE(fuse_qkv(wq, wk, wv, wide).equal(w));
+  EXPECT_THROW(fuse_qkv(wq, wq, wv, wide), std::invalid_argument);
+}
+
+TEST(Normalization, RmsNormIsItsDefinition) {
+  const torch::Tensor x = torch::randn({3, 7, 16});
+  Norm norm(Normalization::kRMSNorm, 16, 1e-5);
+  norm->weight.data().uniform_(0.5, 1.5);
+  const torch::Tensor expected = x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-5) * norm->weight;
+  EXPECT_TRUE(torch::allclose(norm(x), expected, 1e-6, 1e-6));
+  EXPECT_FALSE(norm->bias.defined());
+  EXPECT_EQ(norm->named_parameters().size(), 1u);
+  Norm layer_norm(Normalization::kLayerNorm, 16, 1e-5);
+  EXPECT_EQ(layer_norm->named_parameters().size(), 2u);
+}
+
+TEST(Rope, RotatesPairsOfChannelsByPositionTimesFrequency) {
+  GPTConfig config;
+  config.hidden_size = 16;
+  config.num_attention_heads = 2;  // head width 8: frequencies base^(-i/4), i = 0..3
+  config.position_embedding_type = PositionEmbeddingType::kRope;
+  config.rotary_base = 100.0;
+  const RotaryEmbedding rope(config);
+  const torch::Tensor positions = torch::tensor({{0, 3, 5}});
+  const torch::Tensor t = torch::randn({1, 2, 3, 8});  // [b, heads, s, d]
+  const torch::Tensor out = apply_rotary_pos_emb(t, rope.tables(positions));
+  for (int64_t s = 0; s < 3; ++s) {
+    const double position = positions[0][s].item<double>();
+    for (int64_t i = 0; i < 4; ++i) {
+      const double angle = position * std::pow(100.0, -static_cast<double>(i) / 4.0);
+      const torch::Tensor x1 = t.select(2, s).select(-1, i), x2 = t.select(2, s).select(-1, i + 4);
+      EXPECT_TRUE(
+          torch::allclose(out.select(2, s).select(-1, i), x1 * std::cos(angle) - x2 * std::sin(angle), 1e-5, 1e-5));
+      EXPECT_TRUE(
+          torch::allclose(out.select(2, s).select(-1, i + 4), x2 * std::cos(angle) + x1 * std::sin(angle), 1e-5, 1e-5));
+    }
+  }
+}
+
+TEST(Rope, Llama31ScalingKeepsDividesAndBlendsByWavelength) {
+  GPTConfig config;
+  config.hidden_size = 32;
+  config.num_attention_heads = 2;  // head width 16: 8 frequencies
+  config.position_embedding_type = PositionEmbeddingType::kRope;
+  const torch::Tensor plain = RotaryEmbedding(config).inv_freq();
+  config.rope_scaling = true;
+  config.rope_scaling_original_max_position_embeddings = 64;  // wavelengths < 16 kept, > 64 divided by 8
+  const torch::Tensor scaled = RotaryEmbedding(config).inv_freq();
+  int kept = 0, divided = 0, blended = 0;
+  for (int64_t i = 0; i < plain.size(0); ++i) {
+    const double f = plain[i].item<double>(), g = scaled[i].item<double>(), wavelength = 2 * M_PI / f;
+    if (wavelength < 16) {
+      EXPECT_FLOAT_EQ(g, f);
+      ++kept;
+    } else if (wavelength > 64) {
+      EXPECT_FLOAT_EQ(g, f / 8);
+      ++divided;
+    } else {
+      const double smooth = (64 / wavelength - 1) / (4 - 1);
+      EXPECT_NEAR(g, (1 - smooth) * f / 8 + smooth * f, 1e-6 * f);
+      ++blended;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+}
+
+class GroupedAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    parallel::init_distributed(parallel::LaunchEnv{}, {});
+    parallel::initialize_model_parallel(1);
+  }
+  void TearDown() override { parallel::destroy_distributed(); }
+};
+
+// Grouped-query attention is multi-head attention whose key/value heads are repeated for each group's queries: the
+// same weights laid out for 4 groups of 1 (each group's k and v copied) give the same output.
+TEST_F(GroupedAttention, EqualsMultiHeadAttentionWithRepeatedKeyValueHeads) {
+  GPTConfig config;
+  config.hidden_size = 32;
+  config.num_attention_heads = 4;
+  config.num_query_groups = 2;
+  config.attention_dropout = 0.0;
+  config.position_embedding_type = PositionEmbeddingType::kRope;
+  config.qk_layernorm = true;
+  config.normalization = Normalization::kRMSNorm;
+  SelfAttention gqa(config, "decoder.layers.0.self_attention.");
+  GPTConfig mha_config = config;
+  mha_config.num_query_groups = 4;
+  SelfAttention mha(mha_config, "decoder.layers.0.self_attention.");
+  {
+    torch::NoGradGuard no_grad;
+    const auto [q, k, v] = split_qkv(gqa->linear_qkv->weight, config);
+    const auto repeat = [&](const torch::Tensor& heads) {  // [2 * d, h] -> [4 * d, h], each head twice
+      return heads.view({2, 1, 8, 32}).expand({2, 2, 8, 32}).reshape({32, 32});
+    };
+    mha->linear_qkv->weight.copy_(fuse_qkv(q, repeat(k), repeat(v), mha_config));
+    mha->linear_qkv->bias.copy_(torch::zeros_like(mha->linear_qkv->bias));
+    gqa->linear_qkv->bias.zero_();
+    mha->linear_proj->weight.copy_(gqa->linear_proj->weight);
+    mha->linear_proj->bias.copy_(gqa->linear_proj->bias);
+    gqa->q_layernorm->weight.uniform_(0.5, 1.5);
+    mha->q_layernorm->weight.copy_(gqa->q_layernorm->weight);
+    mha->k_layernorm->weight.copy_(gqa->k_layernorm->weight);
+  }
+  const RotaryEmbedding rope(config);
+  const torch::Tensor input = torch::randn({6, 2, 32});
+  const RotaryTables tables = rope.tables(torch::arange(6).unsqueeze(0).expand({2, 6}));
+  gqa->eval();
+  mha->eval();
+  EXPECT_TRUE(torch::allclose(gqa(input, torch::Tensor(), &tables), mha(input, torch::Tensor(), &tables), 1e-5, 1e-5));
+}
+
+TEST(GPTConfig, GroupCountsNameTheLayoutsTheyAllow) {
+  GPTConfig config;
+  config.hidden_size = 64;
+  config.num_attention_heads = 8;
+  config.num_query_groups = 3;
+  try {
+    config.validate();
+    ADD_FAILURE() << "3 groups for 8 heads validated";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(),
+                HasSubstr("model.num_attention_heads (8) must be divisible by model.num_query_groups (3)"));
+  }
+  config.num_query_groups = 2;
+  EXPECT_NO_THROW(config.validate(2));
+  try {
+    config.validate(4);
+    ADD_FAILURE() << "2 groups at tp4 validated";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_THAT(error.what(),
+                HasSubstr("model.num_query_groups (2) must be divisible by the tensor-parallel size (4)"));
+    EXPECT_THAT(error.what(), HasSubstr("use a tensor-parallel size that divides 2"));
+  }
+  config.position_embedding_type = PositionEmbeddingType::kRope;
+  config.rotary_percent = 0.1;  // 8 x 0.1 = 0 channels
+  EXPECT_THROW(config.validate(), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace bridge::models
