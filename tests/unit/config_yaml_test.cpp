@@ -454,8 +454,13 @@ TEST(ConfigReferenceMarkdown, EveryKeyIsOneRowUnderItsSection) {
 // ---- The shipped recipes ----
 
 TEST(ConfigYaml, EveryRecipeLoadsAndValidatesForItsWorldSize) {
-  const std::map<std::string, std::vector<int>> world_sizes = {
-      {"tiny.yaml", {1, 2}}, {"tp2_pp2.yaml", {4}}, {"gpt2_124m.yaml", {1, 8}}, {"megatron_bridge_gpt.yaml", {1, 2}}};
+  const std::map<std::string, std::vector<int>> world_sizes = {{"tiny.yaml", {1, 2}},
+                                                               {"tp2_pp2.yaml", {4}},
+                                                               {"gpt2_124m.yaml", {1, 8}},
+                                                               {"megatron_bridge_gpt.yaml", {1, 2}},
+                                                               {"tiny_llama.yaml", {1, 2}},
+                                                               {"llama3_8b.yaml", {2, 8}},
+                                                               {"megatron_bridge_llama3_8b.yaml", {2, 8}}};
   std::set<std::string> found;
   for (const auto& entry : fs::directory_iterator(kSourceDir / "examples" / "recipes")) {
     const std::string name = entry.path().filename().string();

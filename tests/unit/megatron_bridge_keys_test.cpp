@@ -180,6 +180,24 @@ TEST(MegatronBridgeKeys, ABlendIsMegatronsDataPathList) {
               HasSubstr("dataset.blend must be [[prefix, ...], [weight, ...]]"));
 }
 
+// A Llama-3-shaped Megatron-Bridge recipe (RMSNorm, RoPE, SwiGLU, 8 query groups, no biases, untied) is the Llama 3
+// 8B recipe in bridge's sections, key for key.
+TEST(MegatronBridgeKeys, TheLlama3RecipeInItsLayoutIsBridgesLlama3Recipe) {
+  const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
+  const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_llama3_8b.yaml");
+  const ConfigContainer ours = load_config_yaml(recipes / "llama3_8b.yaml");
+  EXPECT_EQ(theirs.model.normalization, models::Normalization::kRMSNorm);
+  EXPECT_EQ(theirs.model.position_embedding_type, models::PositionEmbeddingType::kRope);
+  EXPECT_TRUE(theirs.model.gated_linear_unit);
+  EXPECT_EQ(theirs.model.activation_func, models::ActivationFunc::kSilu);
+  EXPECT_EQ(theirs.model.num_query_groups, 8);
+  EXPECT_FALSE(theirs.model.add_bias_linear);
+  EXPECT_FALSE(theirs.model.share_embeddings_and_output_weights);
+  EXPECT_EQ(theirs.model.vocab_size, 128256);
+  EXPECT_TRUE(theirs.mixed_precision.bf16);
+  EXPECT_EQ(to_yaml(theirs), to_yaml(ours));
+}
+
 TEST(MegatronBridgeKeys, TheShippedRecipeInItsLayoutIsTheTinyRecipe) {
   const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
   const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_gpt.yaml");
