@@ -181,7 +181,7 @@ TEST_F(HuggingFace, PretrainTakesTheModelFromConfigJson) {
       run_command({BRIDGE_PRETRAIN, source, "model.seq_length=32", "--print-config"}, std::chrono::seconds(120));
   ASSERT_EQ(printed.exit_code, 0) << printed.output;
   for (const char* line :
-       {"num_query_groups: 2", "normalization: RMSNorm", "position_embedding_type: rope", "rotary_base: 500000",
+       {"num_query_groups: 2", "normalization: RMSNorm", "position_embedding_type: rope", "rotary_base: 5e+05",
         "gated_linear_unit: true", "activation_func: silu", "add_bias_linear: false",
         "share_embeddings_and_output_weights: false", "vocab_size: 301", "hidden_size: 64", "ffn_hidden_size: 96"}) {
     EXPECT_THAT(printed.output, HasSubstr(line));
