@@ -78,8 +78,8 @@ RunRecord read_run(const fs::path& directory) {
   return record;
 }
 
-RunRecord run_layout(const std::string& name, int world, int tp, int pp, int vpp,
-                     const std::string& precision = "fp32", const std::string& block = "gpt") {
+RunRecord run_layout(const std::string& name, int world, int tp, int pp, int vpp, const std::string& precision = "fp32",
+                     const std::string& block = "gpt") {
   const fs::path directory = fresh_directory(name);
   const auto results = run_ranks(kWorker,
                                  {"parity", directory.string(), std::to_string(tp), std::to_string(pp),
@@ -154,11 +154,11 @@ TEST(GptParity, LlamaBlockTp2Pp2Dp2) { expect_parity("llama_tp2pp2dp2", 8, 2, 2,
 // bf16 run to bf16 precision (8 bits of mantissa, 3.9e-3 relative), not to fp32 round-off (kBf16* above). A layout
 // that dropped a gradient term or a reduction differs by far more (the pp=2 run without the tied-embedding sync
 // differs in the loss already in fp32 by 2.7e-4 and in its gradients by O(1)).
-void expect_bf16_parity(const std::string& name, int world, int tp, int pp) {
-  const RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0, "bf16_mixed");
+void expect_bf16_parity(const std::string& name, int world, int tp, int pp, const std::string& block = "gpt") {
+  const RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0, "bf16_mixed", block);
   ASSERT_EQ(reference.loss.size(), static_cast<std::size_t>(kSteps));
   ASSERT_GT(reference.grad_sq.size(), static_cast<std::size_t>(kSteps * 20));
-  const RunRecord run = run_layout(name, world, tp, pp, 0, "bf16_mixed");
+  const RunRecord run = run_layout(name, world, tp, pp, 0, "bf16_mixed", block);
   expect_same(run.loss, reference.loss, kBf16LossTolerance, "bf16 loss");
   expect_same(run.grad_norm, reference.grad_norm, kBf16GradNormTolerance, "bf16 grad norm");
   expect_same(run.weight_sq, reference.weight_sq, kBf16WeightTolerance, "bf16 |weight|^2");
@@ -169,6 +169,7 @@ void expect_bf16_parity(const std::string& name, int world, int tp, int pp) {
 TEST(GptParityBf16, TensorParallel2) { expect_bf16_parity("bf16_tp2", 2, 2, 1); }
 TEST(GptParityBf16, PipelineParallel2) { expect_bf16_parity("bf16_pp2", 2, 1, 2); }
 TEST(GptParityBf16, DataParallel2) { expect_bf16_parity("bf16_dp2", 2, 1, 1); }
+TEST(GptParityBf16, LlamaBlockTensorParallel2) { expect_bf16_parity("bf16_llama_tp2", 2, 2, 1, "llama"); }
 
 TEST(GptDropout, ReplicatedWeightsStayIdenticalAcrossTensorParallelRanks) {
   expect_all_ok(run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120)), "dropout: ok");

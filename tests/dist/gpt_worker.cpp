@@ -246,7 +246,7 @@ int run_generate(const std::string& out_dir, int tp, int pp, int vpp) {
 }
 
 int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& save,
-               const std::string& load) {
+               const std::string& load, const std::string& block) {
   auto manager = std::make_shared<CallbackManager>();
   std::string lines;
   auto add = [&](const char* kind, int64_t step, double value) {
@@ -286,6 +286,7 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   if (save != "-") config.checkpoint.save = save;
   if (load != "-") config.checkpoint.load = load;
   config.train.exit_signal_handler = true;
+  if (block == "llama") testing::use_llama_block(config.model);
   const TrainState state = pretrain(config, gpt_forward_step, manager);
   lines += "end " + std::to_string(state.step) + " " + (train_end ? "1" : "0") + "\n";
   std::ofstream(out_dir + "/rank" + std::to_string(parallel::get_rank()) + ".txt") << lines;
@@ -395,7 +396,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision] [gpt|llama]\n"
       "       gpt_worker dropout\n"
-      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|->\n"
+      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|-> [gpt|llama]\n"
       "       gpt_worker bad_data\n"
       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n"
       "       gpt_worker builtins <out_dir>\n"
@@ -408,9 +409,9 @@ int main(int argc, char** argv) {
                             argc >= 8 ? argv[7] : "fp32", argc == 9 ? argv[8] : "gpt");
         }
         if (scenario == "dropout" && argc == 2) return run_dropout();
-        if (scenario == "resume" && argc == 9) {
+        if (scenario == "resume" && (argc == 9 || argc == 10)) {
           return run_resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
-                            argv[7], argv[8]);
+                            argv[7], argv[8], argc == 10 ? argv[9] : "gpt");
         }
         if (scenario == "bad_data" && argc == 2) return run_bad_data();
         if (scenario == "caught_failure" && argc == 6) {
