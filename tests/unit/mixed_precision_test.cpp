@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstdio>
@@ -198,6 +199,11 @@ ConfigContainer tiny(int64_t steps) {
 }
 
 TEST(MixedPrecisionPretrain, AnInfGradientSkipsTheFp16StepHalvesTheScaleAfterHysteresisAndCleanStepsGrowIt) {
+#if TORCH_VERSION_MAJOR < 2
+  // The sanitizer leg's LibTorch: its CPU has no fp16 LayerNorm kernel ("LayerNormKernelImpl" not implemented for
+  // 'Half'), so an fp16 model cannot run there; the grad scaler's own tests above still do.
+  GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no fp16 LayerNorm on the CPU";
+#endif
   ConfigContainer config = tiny(8);
   apply_mixed_precision_recipe(config.mixed_precision, "fp16_mixed");
   config.mixed_precision.initial_loss_scale = 1024;  // small enough that the tiny model never overflows on its own
