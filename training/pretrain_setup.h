@@ -36,8 +36,8 @@ struct PretrainSetup {
   std::vector<models::GPTModel> model;  // this rank's chunks
   ModelChunks chunks;                   // the same modules, as callbacks see them
   std::vector<std::unique_ptr<parallel::distributed::DistributedDataParallel>> ddp;  // one per chunk
-  std::vector<torch::Tensor> params;             // every trainable parameter of this rank
-  std::vector<torch::Tensor> embedding_weights;  // summed over the embedding group (pp > 1)
+  std::vector<torch::Tensor> params;                           // every trainable parameter of this rank
+  std::vector<torch::Tensor> embedding_weights;                // summed over the embedding group (pp > 1)
   std::vector<torch::Tensor> tensor_parallel_partial_weights;  // q/k norms: summed over the tensor-parallel group
   /// bf16/fp16: the fp32 main params the optimizer steps on, and the fp16 loss scaler; null in fp32.
   std::unique_ptr<MixedPrecision> mixed_precision;
