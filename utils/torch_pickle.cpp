@@ -8,6 +8,8 @@
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/storage_context.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
 #include <cstring>
@@ -291,7 +293,20 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check
     const auto [pickle, pickle_size] = reader.getRecord("data.pkl");
     check_pickle_lengths(std::string_view(static_cast<const char*>(pickle.get()), pickle_size));
     // What torch::jit::pickle_load does, over the bounded reader: the pickle "data.pkl" and its tensors' records.
-    return tensors_as_floats(torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader));
+    // Each storage is the record's bytes, as many as the file holds and not resizable. Left to itself, the
+    // unpickler sizes a storage by the element count its pickle declares, whatever the record holds, so a damaged
+    // file (or one naming a float storage's key again as int64s) made a tensor reaching past its buffer. Now the
+    // tensor's set_ finds the storage too small and refuses it. Tensors sharing a key also share one storage again,
+    // as in Python, instead of each reading its own copy.
+    auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
+    for (const std::string& name : reader.getAllRecords()) {
+      if (name.rfind("data/", 0) != 0) continue;
+      auto [data, size] = reader.getRecord(name);
+      storages->addStorage(name.substr(5), c10::Storage(c10::Storage::use_byte_size_t(), size, std::move(data),
+                                                        /*allocator=*/nullptr, /*resizable=*/false));
+    }
+    return tensors_as_floats(torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader,
+                                                               torch::jit::Unpickler::defaultTypeParser, storages));
   } catch (const std::exception& error) {
     throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + describe(error) +
                              "); it is damaged or was not written by torch.save / bridge");

@@ -518,18 +518,27 @@ TEST(DiskFaults, AFullDiskFailsTheWriteCleanlyAndKeepsTheOldFile) {
 // ASan) and memo indices of a billion (its unpickler reserved 15 and 30 GB). Each is now a clean error naming the file.
 TEST(DamagedCheckpoints, FuzzerFindingsAreCleanErrors) {
   const fs::path seeds = fs::path(BRIDGE_SOURCE_DIR) / "fuzz/corpus/fuzz_checkpoint";
-  for (const char* name :
-       {"zip_offset_past_the_end", "pickle_memo_index_past_the_end", "pickle_memo_index_after_unknown_opcode"}) {
+  for (const char* name : {"zip_offset_past_the_end", "pickle_memo_index_past_the_end",
+                           "pickle_memo_index_after_unknown_opcode", "tensor_past_its_storage"}) {
     SCOPED_TRACE(name);
     EXPECT_THAT([&] { bridge::utils::load_torch_pickle(seeds / name); },
                 ::testing::ThrowsMessage<std::runtime_error>(
                     ::testing::AllOf(HasSubstr((seeds / name).string()), HasSubstr("damaged"))));
   }
-  // The undamaged seeds (torch.save's and bridge's own) still load. tests/data/dict_of_tensors_torch1.pt is torch
-  // 1.13's torch.save of a dict whose nested dict has two tensors (not a fuzzer seed: from it the fuzzer reaches an
-  // input whose round trip through save_torch_pickle reads past a 24-byte storage; see the notes of stop 33).
-  const c10::IValue torch1 =
-      bridge::utils::load_torch_pickle(fs::path(BRIDGE_SOURCE_DIR) / "tests/data" / "dict_of_tensors_torch1.pt");
+  // tensor_past_its_storage (found from the seed below): its tensor 'nested/u' names the 24-byte float storage of
+  // 'nested/t' again as four int64s. LibTorch sized that storage by the pickle's count (32 bytes over a 24-byte
+  // buffer), and saving it again read past the buffer; a storage is now the record's bytes, and too small is refused.
+  EXPECT_THAT([&] { bridge::utils::load_torch_pickle(seeds / "tensor_past_its_storage"); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr(
+#if TORCH_VERSION_MAJOR >= 2
+                  "require a storage of at least 32 bytes, but storage only has 24 bytes"
+#else
+                  "not resizable"
+#endif
+                  )));
+  // The undamaged seeds (torch.save's and bridge's own) still load. dict_of_tensors_torch1.pt is torch 1.13's
+  // torch.save of a dict whose nested dict has two tensors.
+  const c10::IValue torch1 = bridge::utils::load_torch_pickle(seeds / "dict_of_tensors_torch1.pt");
   ASSERT_TRUE(torch1.isGenericDict());
   const c10::IValue nested = torch1.toGenericDict().at("nested");
   EXPECT_EQ(nested.toGenericDict().at("t").toTensor().sizes(), (std::vector<std::int64_t>{2, 3}));
