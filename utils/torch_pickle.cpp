@@ -243,6 +243,47 @@ void check_pickle_lengths(std::string_view pickle) {
   }
 }
 
+// LibTorch 1.13's unpickler sets each tensor's sizes, strides and offset as the pickle gives them without comparing
+// them with its storage (2.x checks), so every tensor of a loaded value is checked here; `where` is its path in the
+// value ("nested/u").
+void check_tensor_extents(const c10::IValue& value, const std::string& where) {
+  if (value.isGenericDict()) {
+    for (const auto& item : value.toGenericDict()) {
+      const std::string key = item.key().isString() ? item.key().toStringRef() : "?";
+      check_tensor_extents(item.value(), where.empty() ? key : where + "/" + key);
+    }
+  } else if (value.isList()) {
+    std::size_t i = 0;
+    for (const c10::IValue& item : value.toListRef())
+      check_tensor_extents(item, where + "[" + std::to_string(i++) + "]");
+  } else if (value.isTuple()) {
+    std::size_t i = 0;
+    for (const c10::IValue& item : value.toTupleRef().elements()) {
+      check_tensor_extents(item, where + "[" + std::to_string(i++) + "]");
+    }
+  } else if (value.isTensor() && value.toTensor().defined() && value.toTensor().numel() > 0) {
+    const at::Tensor& tensor = value.toTensor();
+    // The byte after the last element: (offset + sum((size - 1) * stride) + 1) * element size, each step checked.
+    int64_t end = tensor.storage_offset();
+    bool fits = end >= 0;
+    for (int64_t d = 0; fits && d < tensor.dim(); ++d) {
+      int64_t step = 0;
+      fits = tensor.stride(d) >= 0 && !__builtin_mul_overflow(tensor.size(d) - 1, tensor.stride(d), &step) &&
+             !__builtin_add_overflow(end, step, &end);
+    }
+    const auto item = static_cast<int64_t>(tensor.element_size());
+    fits = fits && !__builtin_add_overflow(end, int64_t{1}, &end) && !__builtin_mul_overflow(end, item, &end) &&
+           static_cast<uint64_t>(end) <= tensor.storage().nbytes();
+    if (!fits) {
+      throw std::runtime_error("the tensor " + (where.empty() ? std::string("at the top") : "'" + where + "'") +
+                               " (sizes " + c10::str(tensor.sizes()) + ", strides " + c10::str(tensor.strides()) +
+                               ", offset " + std::to_string(tensor.storage_offset()) + ", " + std::to_string(item) +
+                               "-byte elements) reaches past the end of its " +
+                               std::to_string(tensor.storage().nbytes()) + "-byte storage");
+    }
+  }
+}
+
 }  // namespace
 
 void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& value) {
@@ -295,9 +336,9 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check
     // What torch::jit::pickle_load does, over the bounded reader: the pickle "data.pkl" and its tensors' records.
     // Each storage is the record's bytes, as many as the file holds and not resizable. Left to itself, the
     // unpickler sizes a storage by the element count its pickle declares, whatever the record holds, so a damaged
-    // file (or one naming a float storage's key again as int64s) made a tensor reaching past its buffer. Now the
-    // tensor's set_ finds the storage too small and refuses it. Tensors sharing a key also share one storage again,
-    // as in Python, instead of each reading its own copy.
+    // file (or one naming a float storage's key again as int64s) made a tensor reaching past its buffer. Now a
+    // storage too small for its tensor is refused (by 2.x's unpickler, and by check_tensor_extents on 1.13). Tensors
+    // sharing a key also share one storage again, as in Python, instead of each reading its own copy.
     auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
     for (const std::string& name : reader.getAllRecords()) {
       if (name.rfind("data/", 0) != 0) continue;
@@ -305,8 +346,10 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check
       storages->addStorage(name.substr(5), c10::Storage(c10::Storage::use_byte_size_t(), size, std::move(data),
                                                         /*allocator=*/nullptr, /*resizable=*/false));
     }
-    return tensors_as_floats(torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader,
-                                                               torch::jit::Unpickler::defaultTypeParser, storages));
+    const c10::IValue value = torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader,
+                                                                torch::jit::Unpickler::defaultTypeParser, storages);
+    check_tensor_extents(value, "");
+    return tensors_as_floats(value);
   } catch (const std::exception& error) {
     throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + describe(error) +
                              "); it is damaged or was not written by torch.save / bridge");
