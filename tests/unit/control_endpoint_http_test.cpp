@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/sanitizers.h"
 #include "tests/unit/control_endpoint_test_support.h"
 
 namespace bridge::training {
@@ -46,6 +47,10 @@ TEST_F(ControlEndpointTest, ABodylessPostAsCurlSendsItIsActedOnAtOnce) {
   EXPECT_EQ(requests[0].reason, "POST /stop from 127.0.0.1");
 }
 
+// How much a 96 MiB body may grow the process while it is refused: a sixth of it, or half under ASan, whose
+// quarantine keeps the freed read buffers resident (measured: 20-25 MiB with clang's).
+constexpr long kGrowthBoundKib = (bridge::testing::kAddressSanitizer ? 48 : 16) * 1024;
+
 // Streams `megabytes` MiB after `head` (in 64 KiB pieces, as chunks when `chunked`) until the server stops reading,
 // and returns the reply; the process's peak memory must not grow by more than a small bound meanwhile.
 RawClient::Response stream_body(int port, const std::string& head, int megabytes, bool chunked, long* grown_kib) {
@@ -72,7 +77,7 @@ TEST_F(ControlEndpointTest, AChunkedBodyOverTheLimitIsRefusedWhileReadWithoutGro
   EXPECT_EQ(reply.status, 413) << reply.head;
   EXPECT_THAT(reply.body, HasSubstr("over 4096 bytes (ControlEndpoint.max_body_bytes)"));
   if (grown_kib >= 0) {
-    EXPECT_LT(grown_kib, 16 * 1024) << "the body was held in memory";
+    EXPECT_LT(grown_kib, kGrowthBoundKib) << "the body was held in memory";
   }
   EXPECT_THAT(step_end(), IsEmpty());
   // A small chunked body is fine.
@@ -106,7 +111,7 @@ TEST_F(ControlEndpointTest, BytesAfterAPostWithoutALengthAreNotReadAsItsBody) {
   EXPECT_EQ(rest.status, 431) << rest.head;
   EXPECT_TRUE(client.closed_by_server());
   if (grown_kib >= 0) {
-    EXPECT_LT(grown_kib, 16 * 1024) << "the bytes were held in memory";
+    EXPECT_LT(grown_kib, kGrowthBoundKib) << "the bytes were held in memory";
   }
   const std::vector<ControlRequest> requests = step_end();
   ASSERT_THAT(requests, SizeIs(1));
@@ -117,7 +122,7 @@ TEST_F(ControlEndpointTest, BytesAfterAPostWithoutALengthAreNotReadAsItsBody) {
                   false, &grown_kib);
   EXPECT_EQ(sized.status, 413) << sized.head;
   if (grown_kib >= 0) {
-    EXPECT_LT(grown_kib, 16 * 1024) << "the body was held in memory";
+    EXPECT_LT(grown_kib, kGrowthBoundKib) << "the body was held in memory";
   }
   EXPECT_THAT(step_end(), IsEmpty());
 }
