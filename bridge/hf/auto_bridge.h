@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
 
 namespace bridge::hf {
@@ -46,8 +47,9 @@ std::vector<std::string> architecture_differences(const models::GPTConfig& ours,
 std::string hf_model_type_for(const models::GPTConfig& config);
 
 /// Writes the directory that AutoModelForCausalLM.from_pretrained loads, as `model_type` (hf_model_type_for(config)
-/// when empty).
+/// when empty), its weights in shards of at most `max_shard_bytes` when they need more than one.
 void save_hf(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& weights,
-             const models::GPTConfig& config, const std::string& model_type = "");
+             const models::GPTConfig& config, const std::string& model_type = "",
+             int64_t max_shard_bytes = kMaxShardBytes);
 
 }  // namespace bridge::hf

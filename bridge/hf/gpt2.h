@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 
+#include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
 
 namespace bridge::hf {
@@ -40,9 +41,10 @@ void check_gpt2_config(const std::filesystem::path& directory, const models::GPT
 std::map<std::string, torch::Tensor> load_gpt2_weights(const std::filesystem::path& directory,
                                                        const models::GPTConfig& config);
 
-/// Writes `directory`/config.json and model.safetensors from bridge's global tensors (the embedding may be padded:
-/// its first config.vocab_size rows are written). Overwrites those two files; creates the directory.
+/// Writes `directory`/config.json and the weights (model.safetensors, or shards of at most `max_shard_bytes` with
+/// their index) from bridge's global tensors (the embedding may be padded: its first config.vocab_size rows are
+/// written). Replaces an earlier export's files; creates the directory.
 void save_gpt2(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& weights,
-               const models::GPTConfig& config);
+               const models::GPTConfig& config, int64_t max_shard_bytes = kMaxShardBytes);
 
 }  // namespace bridge::hf

@@ -1,4 +1,5 @@
 // config.json and the safetensors weights of a Hugging Face model directory, single-file or sharded.
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <stdexcept>
@@ -64,10 +65,46 @@ std::map<std::string, torch::Tensor> read_weights(const fs::path& directory) {
   return tensors;
 }
 
-void write_directory(const fs::path& directory, const std::map<std::string, torch::Tensor>& tensors,
-                     const json& config) {
+void write_directory(const fs::path& directory, const std::map<std::string, torch::Tensor>& tensors, const json& config,
+                     int64_t max_shard_bytes) {
+  if (max_shard_bytes <= 0) {
+    throw std::invalid_argument("the largest shard must be a positive number of bytes, got " +
+                                std::to_string(max_shard_bytes));
+  }
   fs::create_directories(directory);
-  utils::write_safetensors(directory / "model.safetensors", tensors);
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                       entry.path().extension() == ".safetensors";
+    if (shard || name == "model.safetensors" || name == "model.safetensors.index.json") fs::remove(entry.path());
+  }
+  // transformers' rule (its split_torch_state_dict_into_shards): in order, a tensor that would take the shard past
+  // the limit starts the next one.
+  std::vector<std::map<std::string, torch::Tensor>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const auto bytes = static_cast<int64_t>(tensor.nbytes());
+    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().emplace(name, tensor);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+  if (shards.size() == 1) {
+    utils::write_safetensors(directory / "model.safetensors", tensors);
+  } else {
+    json weight_map = json::object();
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      char file[64];
+      std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      utils::write_safetensors(directory / file, shards[i]);
+      for (const auto& entry : shards[i]) weight_map[entry.first] = file;
+    }
+    const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    utils::write_file_durably(directory / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
   utils::write_file_durably(directory / "config.json", config.dump(2) + "\n");
 }
 

@@ -27,9 +27,12 @@ T value_or(const nlohmann::json& config, const char* key, T fallback) {
 /// names; std::runtime_error naming what is missing.
 std::map<std::string, torch::Tensor> read_weights(const std::filesystem::path& directory);
 
-/// Writes config.json and model.safetensors (creating the directory; overwriting those two files).
+/// Writes config.json and the weights (creating the directory): one model.safetensors when they fit in
+/// `max_shard_bytes`, else transformers' shards, model-00001-of-0000N.safetensors each at most that size (a larger
+/// tensor alone), and model.safetensors.index.json. Weight files of an earlier export there are removed first, so
+/// that transformers does not read a stale one.
 void write_directory(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& tensors,
-                     const nlohmann::json& config);
+                     const nlohmann::json& config, int64_t max_shard_bytes);
 
 /// "[3, 4]"
 std::string shape_of(const torch::Tensor& tensor);

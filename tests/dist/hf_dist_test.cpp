@@ -44,32 +44,50 @@ bool has_transformers() {
   return found;
 }
 
+// Runs tests/tools/hf_models.py; throws (a test failure) with its output when it fails.
 void python(const std::vector<std::string>& arguments) {
   std::vector<std::string> argv = {BRIDGE_TOOLS_PYTHON, BRIDGE_HF_MODELS};
   argv.insert(argv.end(), arguments.begin(), arguments.end());
   const auto result = run_command(argv, std::chrono::seconds(300));
-  ASSERT_EQ(result.exit_code, 0) << result.output
-                                 << "\n(scripts/install_deps.sh installs transformers and safetensors in .venv)";
+  if (result.exit_code != 0) {
+    std::string command;
+    for (const std::string& word : argv) command += word + " ";
+    throw std::runtime_error(command + "failed:\n" + result.output +
+                             "\n(scripts/install_deps.sh installs transformers and safetensors in .venv)");
+  }
 }
 
 torch::Tensor logits_in(const fs::path& file) {
   return bridge::utils::read_safetensors(file).tensors.at("logits").slice(-1, 0, kVocab);
 }
 
-// One transformers model per family for the whole binary (each test is its own process: made once there).
+// One transformers model per family, made by the first test that needs it and kept in the build directory for the
+// others (each test is its own process, and making one costs seconds of Python start-up). BRIDGE_HF_REFERENCES is
+// named by hf_models.py's digest, so editing the script makes them again.
 struct Reference {
-  fs::path directory, hf, ids, logits;
+  fs::path directory, hf, ids, logits, generated;
 };
 const Reference& reference(const std::string& family) {
   static std::map<std::string, Reference> made;
   auto it = made.find(family);
   if (it != made.end()) return it->second;
   Reference r;
-  r.directory = scratch("reference_" + family);
-  r.hf = r.directory / family;
+  r.directory = fs::path(BRIDGE_HF_REFERENCES) / family;
+  r.hf = r.directory / "hf";
   r.ids = r.directory / "ids.safetensors";
   r.logits = r.directory / "logits.safetensors";
-  python({"make", family, r.hf.string(), r.ids.string(), r.logits.string()});
+  r.generated = r.directory / "generated.safetensors";
+  if (!fs::exists(r.directory)) {
+    // Made aside and renamed into place whole, so that no process reads a half-made one; a process that loses the
+    // race to rename keeps the winner's (the same model: hf_models.py seeds everything).
+    const fs::path aside = r.directory.string() + ".making." + std::to_string(::getpid());
+    fs::remove_all(aside);
+    fs::create_directories(aside);
+    python({"make", family, aside.string()});
+    std::error_code lost;
+    fs::rename(aside, r.directory, lost);
+    if (lost) fs::remove_all(aside);
+  }
   return made.emplace(family, r).first->second;
 }
 
@@ -121,11 +139,9 @@ TEST_P(HuggingFaceLogits, ImportedLogitsAreTransformers) {
               difference, expected.abs().max().item<double>());
   EXPECT_LT(difference, 2e-5) << layout_name(layout);  // GPT-2's exact GeLU instead of gelu_new moves them by 3.8e-4
   // The TextGenerator's greedy continuation is transformers' generate()'s.
-  python({"generate", reference(layout.family).hf.string(), (out / "generated.safetensors").string(),
-          (out / "hf_generated.safetensors").string(), "6"});
   const torch::Tensor ours_tokens = bridge::utils::read_safetensors(out / "generated.safetensors").tensors.at("tokens");
   const torch::Tensor their_tokens =
-      bridge::utils::read_safetensors(out / "hf_generated.safetensors").tensors.at("tokens");
+      bridge::utils::read_safetensors(reference(layout.family).generated).tensors.at("tokens");
   EXPECT_TRUE(ours_tokens.equal(their_tokens)) << ours_tokens << their_tokens;
   fs::remove_all(out);
 }
@@ -151,10 +167,27 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
   std::vector<std::string> command = {BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir",
                                       exported.string()};
   if (family == "mistral") command.insert(command.end(), {"--model-type", "mistral"});
+  // Llama 3.1's export in shards of at most 100 kB (as real 8B checkpoints come, in 5 GB ones): transformers reads
+  // them through model.safetensors.index.json.
+  const bool sharded = family == "llama31";
+  if (sharded) command.insert(command.end(), {"--max-shard-size", "100KB"});
   const auto exporting = run_command(command, std::chrono::seconds(120));
   ASSERT_EQ(exporting.exit_code, 0) << exporting.output;
   const std::string model_type = family == "llama31" ? "llama" : family;
   EXPECT_THAT(exporting.output, HasSubstr("a " + model_type + " model"));
+  EXPECT_EQ(fs::exists(exported / "model.safetensors.index.json"), sharded);
+  EXPECT_EQ(fs::exists(exported / "model.safetensors"), !sharded);
+  if (sharded) {
+    int shards = 0;
+    for (const auto& entry : fs::directory_iterator(exported)) {
+      if (entry.path().extension() != ".safetensors") continue;
+      ++shards;
+      EXPECT_THAT(entry.path().filename().string(),
+                  ::testing::MatchesRegex("model-0000[1-9]-of-0000[2-9].safetensors"));
+      EXPECT_LE(fs::file_size(entry.path()), 100'000u + 16'384u) << entry.path();  // the limit plus its header
+    }
+    EXPECT_GE(shards, 3);
+  }
   python({"logits", exported.string(), reference(family).ids.string(), (out / "loaded.safetensors").string()});
   const torch::Tensor trained = logits_in(out / "end.safetensors");
   const torch::Tensor loaded = logits_in(out / "loaded.safetensors");
@@ -217,6 +250,10 @@ TEST(HuggingFaceExportErrors, NamedWithTheirExitCodes) {
                                     std::chrono::seconds(60));
   EXPECT_EQ(bad_type.exit_code, 2);
   EXPECT_THAT(bad_type.output, HasSubstr("--model-type must be gpt2, llama, mistral, qwen2 or qwen3, got 'bert'"));
+  const auto bad_size = run_command({BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--max-shard-size", "5XB"},
+                                    std::chrono::seconds(60));
+  EXPECT_EQ(bad_size.exit_code, 2);
+  EXPECT_THAT(bad_size.output, HasSubstr("--max-shard-size: '5XB' is not a size"));
   fs::remove_all(out);
 }
 

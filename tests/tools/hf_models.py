@@ -2,10 +2,12 @@
 """Hugging Face transformers' own models, the reference for bridge's Hugging Face bridges (bridge/hf/). Never
 downloads: each model is a tiny random one that transformers itself builds.
 
-  hf_models.py make FAMILY DIR IDS LOGITS   a tiny model of FAMILY (every weight perturbed, so a swapped bias or norm
-                                           shows) saved with save_pretrained to DIR; random token ids [2, 32] to IDS
-                                           and the model's logits for them to LOGITS (safetensors files: "ids",
-                                           "logits")
+  hf_models.py make FAMILY DIR              a tiny model of FAMILY (every weight perturbed, so a swapped bias or norm
+                                           shows) saved with save_pretrained to DIR/hf; random token ids [2, 32] to
+                                           DIR/ids.safetensors, the model's logits for them to DIR/logits.safetensors
+                                           and the greedy continuation of PROMPT's bytes by 6 tokens (as `generate`;
+                                           tests/dist/gpt_worker.cpp's TextGenerator prompt) to
+                                           DIR/generated.safetensors ("ids", "tokens")
   hf_models.py logits DIR IDS LOGITS        AutoModelForCausalLM.from_pretrained(DIR)'s logits for the ids of IDS
   hf_models.py generate DIR IDS OUT N       greedy continuation of IDS' first row by N tokens ("tokens" in OUT),
                                            never an id of 257 or more (bridge's byte-level TextGenerator's rule)
@@ -24,6 +26,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 import transformers  # noqa: E402
 
 VOCAB, POSITIONS = 301, 32  # a vocabulary that no tensor-parallel padding divides
+PROMPT = "Once upon a time"  # what the TextGenerator continues in tests/dist/gpt_worker.cpp, byte by byte
 
 # Four layers, hidden 64, 4 query heads in 2 key/value groups (at tp2 each rank holds one group).
 LLAMA_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -60,16 +63,18 @@ def logits_of(model, ids):
         return model(ids).logits.float().contiguous()
 
 
-def make(family, directory, ids_path, logits_path):
+def make(family, directory):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config_of(family), attn_implementation="eager").eval()
     with torch.no_grad():
         for parameter in model.parameters():  # a tied lm_head once
             parameter.add_(0.05 * torch.randn_like(parameter))
-    model.save_pretrained(directory)
+    model.save_pretrained(os.path.join(directory, "hf"))
     ids = torch.randint(0, VOCAB, (2, POSITIONS))
-    save_file({"ids": ids}, ids_path)
-    save_file({"logits": logits_of(model, ids)}, logits_path)
+    save_file({"ids": ids}, os.path.join(directory, "ids.safetensors"))
+    save_file({"logits": logits_of(model, ids)}, os.path.join(directory, "logits.safetensors"))
+    prompt = torch.tensor([list(PROMPT.encode())])
+    save_file({"ids": prompt, "tokens": greedy(model, prompt, 6)}, os.path.join(directory, "generated.safetensors"))
 
 
 def load(directory):
@@ -81,14 +86,16 @@ def logits(directory, ids_path, logits_path):
     save_file({"logits": logits_of(load(directory), load_file(ids_path)["ids"])}, logits_path)
 
 
-def generate(directory, ids_path, out_path, tokens):
-    prompt = load_file(ids_path)["ids"][:1]
+def greedy(model, prompt, tokens):
     with torch.no_grad():
         # bridge's byte-level TextGenerator never picks ids its tokenizer lacks (257 and up): neither may this.
-        out = load(directory).generate(prompt, max_new_tokens=int(tokens), min_new_tokens=int(tokens),
-                                       do_sample=False, pad_token_id=0,
-                                       suppress_tokens=list(range(257, VOCAB)), eos_token_id=None)
-    save_file({"tokens": out[0, prompt.shape[1]:].contiguous()}, out_path)
+        out = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0,
+                             suppress_tokens=list(range(257, VOCAB)), eos_token_id=None)
+    return out[0, prompt.shape[1]:].contiguous()
+
+
+def generate(directory, ids_path, out_path, tokens):
+    save_file({"tokens": greedy(load(directory), load_file(ids_path)["ids"][:1], int(tokens))}, out_path)
 
 
 if __name__ == "__main__":

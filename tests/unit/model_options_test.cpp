@@ -1,13 +1,14 @@
 // The Llama-family pieces of bridge's GPT against references written here from their definitions: the fused QKV
 // layout (Megatron-Core's grouping, both ways), RMSNorm, RoPE with Llama 3.1's scaling, grouped-query attention
 // against the same attention with every key/value head repeated, and GPTConfig's messages for layouts a group count
-// does not allow.
+// does not allow. Also the size text of bridge-export's --max-shard-size (transformers' max_shard_size).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
+#include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
 #include "bridge/models/normalization.h"
 #include "bridge/models/qkv_layout.h"
@@ -186,6 +187,23 @@ TEST(GPTConfig, GroupCountsNameTheLayoutsTheyAllow) {
   config.position_embedding_type = PositionEmbeddingType::kRope;
   config.rotary_percent = 0.1;  // 8 x 0.1 = 0 channels
   EXPECT_THROW(config.validate(), std::invalid_argument);
+}
+
+// transformers' convert_file_size_to_int: KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024, in any case.
+TEST(ShardSize, ReadsTransformersSizes) {
+  EXPECT_EQ(hf::parse_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(hf::parse_shard_size("500mb"), 500'000'000);
+  EXPECT_EQ(hf::parse_shard_size("100KB"), 100'000);
+  EXPECT_EQ(hf::parse_shard_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(hf::parse_shard_size("64MiB"), int64_t{64} << 20);
+  EXPECT_EQ(hf::parse_shard_size("4kib"), 4096);
+  EXPECT_EQ(hf::parse_shard_size("123456"), 123456);
+  EXPECT_EQ(hf::parse_shard_size("7B"), 7);
+  for (const char* bad : {"", "GB", "5 GB", "5TB", "-5GB", "0", "0GB", "1.5GB", "99999999999999GB"}) {
+    EXPECT_THAT([&] { hf::parse_shard_size(bad); },
+                ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("is not a size")))
+        << bad;
+  }
 }
 
 }  // namespace
