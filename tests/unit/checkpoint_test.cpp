@@ -529,15 +529,15 @@ TEST(DamagedCheckpoints, FuzzerFindingsAreCleanErrors) {
   // 'nested/t' again as four int64s. LibTorch sized that storage by the pickle's count (32 bytes over a 24-byte
   // buffer), and saving it again read past the buffer; a storage is now the record's bytes, and too small is refused
   // (LibTorch 2.x's own check says so first; 1.13 has none, bridge's says it there).
-  EXPECT_THAT([&] { bridge::utils::load_torch_pickle(seeds / "tensor_past_its_storage"); },
-              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr(
+  const char* const too_small =
 #if TORCH_VERSION_MAJOR >= 2
-                  "require a storage of at least 32 bytes, but storage only has 24 bytes"
+      "require a storage of at least 32 bytes, but storage only has 24 bytes";
 #else
-                  "the tensor 'nested/u' (sizes [4], strides [1], offset 0, 8-byte elements) reaches past the end "
-                  "of its 24-byte storage"
+      "the tensor 'nested/u' (sizes [4], strides [1], offset 0, 8-byte elements) reaches past the end of its 24-byte "
+      "storage";
 #endif
-                  )));
+  EXPECT_THAT([&] { bridge::utils::load_torch_pickle(seeds / "tensor_past_its_storage"); },
+              ::testing::ThrowsMessage<std::runtime_error>(HasSubstr(too_small)));
   // The undamaged seeds (torch.save's and bridge's own) still load. dict_of_tensors_torch1.pt is torch 1.13's
   // torch.save of a dict whose nested dict has two tensors.
   const c10::IValue torch1 = bridge::utils::load_torch_pickle(seeds / "dict_of_tensors_torch1.pt");
