@@ -460,7 +460,9 @@ TEST(ConfigYaml, EveryRecipeLoadsAndValidatesForItsWorldSize) {
                                                                {"megatron_bridge_gpt.yaml", {1, 2}},
                                                                {"tiny_llama.yaml", {1, 2}},
                                                                {"llama3_8b.yaml", {2, 8}},
-                                                               {"megatron_bridge_llama3_8b.yaml", {2, 8}}};
+                                                               {"megatron_bridge_llama3_8b.yaml", {2, 8}},
+                                                               {"qwen3_8b.yaml", {4, 8}},
+                                                               {"megatron_bridge_qwen3_8b.yaml", {4, 8}}};
   std::set<std::string> found;
   for (const auto& entry : fs::directory_iterator(kSourceDir / "examples" / "recipes")) {
     const std::string name = entry.path().filename().string();

@@ -198,6 +198,22 @@ TEST(MegatronBridgeKeys, TheLlama3RecipeInItsLayoutIsBridgesLlama3Recipe) {
   EXPECT_EQ(to_yaml(theirs), to_yaml(ours));
 }
 
+// Qwen3 8B adds a head width of its own (kv_channels 128 with hidden 4096 / 32 heads = 128 written out) and q/k
+// norms; its recipe in Megatron-Bridge's layout is bridge's, key for key.
+TEST(MegatronBridgeKeys, TheQwen3RecipeInItsLayoutIsBridgesQwen3Recipe) {
+  const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
+  const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_qwen3_8b.yaml");
+  const ConfigContainer ours = load_config_yaml(recipes / "qwen3_8b.yaml");
+  EXPECT_TRUE(theirs.model.qk_layernorm);
+  EXPECT_EQ(theirs.model.kv_channels, 128);
+  EXPECT_EQ(theirs.model.num_query_groups, 8);
+  EXPECT_EQ(theirs.model.rotary_base, 1000000.0);
+  EXPECT_EQ(theirs.model.layernorm_epsilon, 1e-6);
+  EXPECT_EQ(theirs.model.vocab_size, 151936);
+  EXPECT_EQ(theirs.parallelism.tensor_model_parallel_size, 4);
+  EXPECT_EQ(to_yaml(theirs), to_yaml(ours));
+}
+
 TEST(MegatronBridgeKeys, TheShippedRecipeInItsLayoutIsTheTinyRecipe) {
   const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
   const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_gpt.yaml");
