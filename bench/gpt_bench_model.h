@@ -1,11 +1,14 @@
-// What the pretrain() benchmarks share: the GPT shape flags (--layers --hidden --heads --seq --vocab --micro-batch),
-// the model config they describe (no dropout, tied embeddings, clipping) and the median of timings.
+// What the pretrain() benchmarks share: the GPT shape flags (--layers --hidden --heads --seq --vocab --micro-batch,
+// --block gpt|llama with --query-groups and --ffn), the model config they describe (no dropout, clipping; GPT-2's
+// block tied, the Llama block untied) and the median of timings.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cxxopts.hpp>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "training/config/config.h"
@@ -20,7 +23,13 @@ inline void add_gpt_model_options(cxxopts::Options& options) {
       "heads", "attention heads", cxxopts::value<int64_t>()->default_value("4"))(
       "seq", "sequence length", cxxopts::value<int64_t>()->default_value("128"))(
       "vocab", "vocabulary (padded to a multiple of 128)", cxxopts::value<int64_t>()->default_value("8192"))(
-      "micro-batch", "sequences per micro-batch", cxxopts::value<int64_t>()->default_value("8"));
+      "micro-batch", "sequences per micro-batch", cxxopts::value<int64_t>()->default_value("8"))(
+      "block",
+      "gpt (GPT-2's: LayerNorm, learned positions, GeLU, biases, tied) or llama (RMSNorm, RoPE, SwiGLU, no "
+      "biases, untied: transformers' LlamaForCausalLM, bench/llama_train_bench.py)",
+      cxxopts::value<std::string>()->default_value("gpt"))("query-groups", "key/value heads (0: one per query head)",
+                                                           cxxopts::value<int64_t>()->default_value("0"))(
+      "ffn", "the MLP's hidden size (0: 4 x hidden)", cxxopts::value<int64_t>()->default_value("0"));
 }
 
 /// A config with the flags' model and micro-batch, dropout off (so timings do not depend on masks), clipping on.
@@ -35,6 +44,20 @@ inline training::ConfigContainer gpt_bench_config(const cxxopts::ParseResult& ar
   config.model.hidden_dropout = 0.0;
   config.model.attention_dropout = 0.0;
   config.model.share_embeddings_and_output_weights = true;
+  config.model.num_query_groups = args["query-groups"].as<int64_t>();
+  if (args["ffn"].as<int64_t>() > 0) config.model.ffn_hidden_size = args["ffn"].as<int64_t>();
+  const std::string block = args["block"].as<std::string>();
+  if (block == "llama") {
+    config.model.normalization = models::Normalization::kRMSNorm;
+    config.model.position_embedding_type = models::PositionEmbeddingType::kRope;
+    config.model.rotary_base = 10000.0;  // transformers' LlamaConfig default
+    config.model.gated_linear_unit = true;
+    config.model.activation_func = models::ActivationFunc::kSilu;
+    config.model.add_bias_linear = false;
+    config.model.share_embeddings_and_output_weights = false;
+  } else if (block != "gpt") {
+    throw std::invalid_argument("--block must be gpt or llama, got " + block);
+  }
   config.train.micro_batch_size = args["micro-batch"].as<int64_t>();
   config.optimizer.clip_grad = 1.0;
   return config;

@@ -4,8 +4,8 @@ ratio of the two isolates what bridge's C++ loop costs or saves. run_gpt_train_b
 Attention is scaled_dot_product_attention where the LibTorch has it (2.x), as bridge's AttnBackend::kAuto, or the
 explicit softmax with --attention unfused; --adamw picks torch.optim.AdamW's implementation (fused by default, the
 kernel bridge's FusedAdamW runs on LibTorch 2.x; 1.x has only the loop); --dtype bf16 keeps the model and optimizer in
-bfloat16.
-Prints one machine-readable line:
+bfloat16; --compile runs the model under torch.compile.
+Prints one machine-readable line ("python_compile" under --compile):
   python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> ... peak_rss_mb=<peak resident>
 
   /usr/bin/python3 bench/gpt_train_bench.py --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 \
@@ -92,8 +92,8 @@ class GPT(nn.Module):
         return losses.view(s, b).transpose(0, 1).contiguous()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_common_arguments(parser):
+    """The flags every Python side of run_gpt_train_bench.sh takes, as gpt_train_bench.cpp's."""
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
@@ -108,17 +108,17 @@ def main():
     parser.add_argument("--adamw", choices=["loop", "foreach", "fused"], default=None,
                         help="torch.optim.AdamW's implementation (default: fused on torch 2.x, as bridge; else loop)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    args = parser.parse_args()
-    sdpa = args.attention == "auto" and hasattr(F, "scaled_dot_product_attention")
+    parser.add_argument("--compile", action="store_true",
+                        help="the model under torch.compile (its first steps, untimed, compile it)")
+
+
+def time_training(parser, args, model, sdpa, who="python", extra=""):
+    """Trains `model` (forward(tokens, position_ids, labels) -> per-token losses [b, s]) as bridge's pretrain() step
+    does and prints the timing lines; `who` starts them, `extra` is appended to the last."""
     if args.adamw is None:
         args.adamw = "fused" if torch.__version__.startswith("2") else "loop"
     if args.adamw != "loop" and not torch.__version__.startswith("2"):
         parser.error(f"--adamw {args.adamw} needs torch 2.x, this is {torch.__version__}")
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(1234)
-    padded_vocab = (args.vocab + 127) // 128 * 128  # make_vocab_size_divisible_by 128, tp 1
-    model = GPT(args.layers, args.hidden, args.heads, args.seq, padded_vocab, sdpa)
     if args.dtype == "bf16":
         model = model.to(torch.bfloat16)
     model.train()
@@ -167,12 +167,25 @@ def main():
                 phase_ms[phase].append((z - a) * 1000)
 
     ms = statistics.median(step_ms)
-    print(f"python first_loss={first_loss:.4f} ln_vocab={math.log(args.vocab):.4f}")
-    print("python phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
-    print(f"python tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} steps={len(step_ms)} "
+    print(f"{who} first_loss={first_loss:.4f} ln_vocab={math.log(args.vocab):.4f}")
+    print(f"{who} phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
+    print(f"{who} tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} steps={len(step_ms)} "
           f"threads={args.threads} params={num_params} attention={'sdpa' if sdpa else 'unfused'} "
           f"adamw={args.adamw} dtype={args.dtype} torch={torch.__version__.split('+')[0]} "
-          f"peak_rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}", flush=True)
+          f"peak_rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}{extra}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    sdpa = args.attention == "auto" and hasattr(F, "scaled_dot_product_attention")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1234)
+    padded_vocab = (args.vocab + 127) // 128 * 128  # make_vocab_size_divisible_by 128, tp 1
+    model = GPT(args.layers, args.hidden, args.heads, args.seq, padded_vocab, sdpa)
+    time_training(parser, args, torch.compile(model) if args.compile else model, sdpa,
+                  who="python_compile" if args.compile else "python")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 # GPT training throughput: bridge's pretrain() in C++ (gpt_train_bench) against the same model and step in Python
 # PyTorch eager (gpt_train_bench.py) on the SAME LibTorch the build uses (a build against a PyPI wheel runs that venv's
 # python; one against Debian's LibTorch runs /usr/bin/python3), and both against the machine's GEMM peak through that
-# LibTorch (gemm_peak_bench), for a small GPT and GPT-2 124M (micro-batch 4, seq 64), per thread count and dtype.
+# LibTorch (gemm_peak_bench), for a small GPT, GPT-2 124M (micro-batch 4, seq 64) and a Llama-style model of that size
+# (12 layers, hidden 768, 12 heads in 4 key/value groups, SwiGLU of 2048, RoPE, RMSNorm, untied; Python's side is
+# transformers' LlamaForCausalLM, bench/llama_train_bench.py), per thread count and dtype; --compile adds Python under
+# torch.compile as a third side.
 # Builds nothing: build gpt_train_bench and gemm_peak_bench (and adamw_step_bench for --adamw) first. Each round runs
 # the GEMM probe, C++, Python, so that drift in the machine's load hits all three alike. Prints per row the median
 # tokens/s of each side (min-max over the rounds), the ratio C++/Python of the medians (above 1: C++ is faster), each
@@ -14,19 +17,21 @@
 #   --python PY            the Python to compare with (default: the one whose torch the build links)
 #   --threads "1 2"        intra-op thread counts, one table row each (1 2)
 #   --rounds N             alternating rounds per row (3)
-#   --configs "small gpt2-124M"   which models (both)
+#   --configs "small gpt2-124M llama-124M"   which models (all three)
 #   --dtypes "fp32 bf16"   bf16: Python's model in bfloat16, bridge's bf16_mixed recipe (fp32 bf16)
 #   --attention            also time both sides with the explicit softmax attention (--attention unfused)
 #   --adamw                also time the optimizer step alone on 124M parameters (adamw_step_bench{,.py})
+#   --compile              also time Python's model under torch.compile (compiling takes its first, untimed steps)
 set -euo pipefail
 build=build
 python=
 thread_counts="1 2"
 rounds=3
-config_names="small gpt2-124M"
+config_names="small gpt2-124M llama-124M"
 dtypes="fp32 bf16"
 compare_attention=0
 adamw=0
+compile=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -37,6 +42,7 @@ while [[ $# -gt 0 ]]; do
     --dtypes) dtypes=$2; shift 2 ;;
     --attention) compare_attention=1; shift ;;
     --adamw) adamw=1; shift ;;
+    --compile) compile=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -66,24 +72,38 @@ echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) c
 declare -A configs=(
   [small]="--layers 4 --hidden 256 --heads 4 --seq 128 --vocab 8192 --micro-batch 8 --steps 20 --warmup-steps 3"
   [gpt2-124M]="--layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4 --warmup-steps 1"
+  [llama-124M]="--block llama --layers 12 --hidden 768 --heads 12 --query-groups 4 --ffn 2048 --seq 64 --vocab 50257
+    --micro-batch 4 --steps 4 --warmup-steps 2"
 )
+sides=(cpp python)
+((compile)) && sides+=(python_compile)
 variants=(auto)
 ((compare_attention)) && variants+=(unfused)
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for name in $config_names; do
-  flags=${configs[$name]:?unknown config $name (small, gpt2-124M)}
+  flags=${configs[$name]:?unknown config $name (small, gpt2-124M, llama-124M)}
+  reference=bench/gpt_train_bench.py
+  [[ $name == llama* ]] && reference=bench/llama_train_bench.py
   for dtype in $dtypes; do
     for threads in $thread_counts; do
       for ((r = 0; r < rounds; ++r)); do
         "$gemm" --threads "$threads" --dtype fp32 | tee -a "$results"
         for attention in "${variants[@]}"; do
-          for side in cpp python; do
-            [[ $side == cpp ]] && program=("$cpp") || program=("$python" bench/gpt_train_bench.py)
+          for side in "${sides[@]}"; do
+            case $side in
+              cpp) program=("$cpp") ;;
+              python) program=("$python" "$reference") ;;
+              python_compile) program=("$python" "$reference" --compile) ;;
+            esac
+            [[ $name == llama* && $attention != auto ]] && continue  # transformers' Llama is timed with SDPA only
+            # The block flags are the C++ side's; the Python side's model is the block.
+            side_flags=$flags
+            [[ $side != cpp ]] && side_flags=${flags/--block llama /}
             # shellcheck disable=SC2086
-            "${program[@]}" $flags --threads "$threads" --attention "$attention" --dtype "$dtype" 2>/dev/null |
-              grep -E '^(cpp|python) tokens_per_s' | sed "s/^/$name /" | tee -a "$results" || {
+            "${program[@]}" $side_flags --threads "$threads" --attention "$attention" --dtype "$dtype" 2>/dev/null |
+              grep -E '^(cpp|python|python_compile) tokens_per_s' | sed "s/^/$name /" | tee -a "$results" || {
               echo "$side $name failed: ${program[*]} $flags --threads $threads --attention $attention --dtype $dtype" >&2
               exit 1
             }
@@ -136,10 +156,11 @@ if peak:
         print(f"  threads {threads}: {spread([p[0] for p in probes])} [{spread([p[1] for p in probes])}]")
 speed = {}  # (config, threads, attention, dtype, side) -> median tokens/s
 if train:
-    print("tokens/s: median (min-max) over the rounds; C++/Py: ratio of the medians; ms: median step; %peak: model "
-          "FLOP/s over the fp32 GEMM peak; MB: peak resident memory")
+    print("tokens/s: median (min-max) over the rounds; C++/Py: ratio of the medians (C++/PyC: against Python under "
+          "torch.compile, with --compile); ms: median step; %peak: model FLOP/s over the fp32 GEMM peak; MB: peak "
+          "resident memory")
     print(f"{'config':<10} {'thr':>3} {'attention':<9} {'dtype':<5} {'C++ tok/s':>20} {'Py tok/s':>20} {'C++/Py':>6} "
-          f"{'C++ ms':>7} {'Py ms':>7} {'C++%pk':>6} {'Py%pk':>6} {'C++ MB':>6} {'Py MB':>6} params")
+          f"{'C++/PyC':>7} {'C++ ms':>7} {'Py ms':>7} {'C++%pk':>6} {'Py%pk':>6} {'C++ MB':>6} {'Py MB':>6} params")
 for (config, threads, attention, dtype), sides in train.items():
     cpp, py = sides.get("cpp", []), sides.get("python", [])
     if not cpp or not py:
@@ -152,11 +173,14 @@ for (config, threads, attention, dtype), sides in train.items():
     same = params.pop() if len(params) == 1 else "MISMATCH " + "/".join(sorted(params))
     versions = {r.get("torch", "?") for r in cpp + py}
     same += "" if len(versions) == 1 else " TORCH MISMATCH " + "/".join(sorted(versions))
+    compiled = sides.get("python_compile", [])
+    versus_compile = (f"{statistics.median(cpp_tps) / median_of(compiled, 'tokens_per_s'):7.3f}" if compiled
+                      else f"{'-':>7}")
     cpp_ms, py_ms = median_of(cpp, "step_ms"), median_of(py, "step_ms")
     gemm = statistics.median(p[0] for p in peak[threads]) if threads in peak else float("nan")
     flops = median_of(cpp, "model_gflops")  # the same model on both sides
     print(f"{config:<10} {threads:>3} {cpp[0]['attention']:<9} {dtype:<5} {spread(cpp_tps):>20} {spread(py_tps):>20} "
-          f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} {cpp_ms:7.0f} {py_ms:7.0f} "
+          f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} {versus_compile} {cpp_ms:7.0f} {py_ms:7.0f} "
           f"{100 * flops / (cpp_ms / 1000) / gemm:6.1f} {100 * flops / (py_ms / 1000) / gemm:6.1f} "
           f"{median_of(cpp, 'peak_rss_mb'):6.0f} {median_of(py, 'peak_rss_mb'):6.0f} {same}")
 scaling = []
