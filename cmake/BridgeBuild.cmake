@@ -45,15 +45,30 @@ if(BRIDGE_CCACHE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   target_compile_options(bridge_pch PRIVATE -fpch-preprocess)
 endif()
 
+# Test programs (tests/: the GoogleTest binaries, the workers of multi-process tests) are glue around LibTorch and
+# bridge's libraries, where their time goes; in an optimised build they compile at -O1, in about half the time of
+# -O3, with a precompiled header of their own (GCC uses one only under the -O it was made with).
+set(BRIDGE_TEST_COMPILE_OPTIONS "")
+if(CMAKE_BUILD_TYPE MATCHES "^(Release|RelWithDebInfo)$")
+  set(BRIDGE_TEST_COMPILE_OPTIONS -O1)
+  add_library(bridge_test_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+  target_link_libraries(bridge_test_pch PRIVATE torch)
+  target_compile_options(bridge_test_pch PRIVATE ${BRIDGE_WARNING_FLAGS} ${BRIDGE_TEST_COMPILE_OPTIONS})
+  target_precompile_headers(bridge_test_pch PRIVATE ${BRIDGE_PCH_HEADERS})
+  if(BRIDGE_CCACHE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(bridge_test_pch PRIVATE -fpch-preprocess)
+  endif()
+endif()
+
 # bridge_configure_target(<target> [TEST]): warnings, the repo root as include root, and the shared precompiled
-# header; TEST: a test program's (tests/CMakeLists.txt: bridge_test_pch, with GoogleTest and -O1).
+# header; TEST: a test program's (above).
 function(bridge_configure_target target)
   cmake_parse_arguments(ARG "TEST" "" "" ${ARGN})
   target_compile_options(${target} PRIVATE ${BRIDGE_WARNING_FLAGS})
   if(BRIDGE_CCACHE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -fpch-preprocess)
   endif()
-  if(ARG_TEST)
+  if(ARG_TEST AND TARGET bridge_test_pch)
     target_compile_options(${target} PRIVATE ${BRIDGE_TEST_COMPILE_OPTIONS})
     target_precompile_headers(${target} REUSE_FROM bridge_test_pch)
   else()
