@@ -10,6 +10,16 @@
 #include <malloc.h>
 #endif
 
+// A sanitizer's runtime brings its own allocator, which glibc's mallopt does not tune (ThreadSanitizer's even lets
+// mallopt answer 1 for glibc's unused heap).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define BRIDGE_SANITIZER_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define BRIDGE_SANITIZER_ALLOCATOR 1
+#endif
+#endif
+
 namespace bridge::utils {
 
 std::string user_malloc_setting() {
@@ -30,7 +40,9 @@ HostAllocatorSettings configure_host_allocator() {
     settings.detail = "left as the environment sets it (" + user + ")";
     return settings;
   }
-#ifdef __GLIBC__
+#if defined(BRIDGE_SANITIZER_ALLOCATOR)
+  settings.detail = "not applied: a sanitizer's allocator replaces glibc's malloc in this build";
+#elif defined(__GLIBC__)
   // mallopt answers 1 when it took the value; a malloc that replaces glibc's (a sanitizer's) answers otherwise.
   // M_TRIM_THRESHOLD is an int: INT_MAX keeps up to 2 GiB of free heap top, far beyond a step's transient blocks.
   if (mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, INT_MAX) == 1) {
