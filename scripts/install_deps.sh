@@ -16,6 +16,9 @@ set -euo pipefail
 torch_version=2.15.0  # the LibTorch bridge is tested against; bump together with the README
 transformers_version=5.23.0  # the tests' Hugging Face reference
 safetensors_version=0.8.0
+tokenizers_version=0.23.3     # the tests' reference for tokenizer.json (transformers' own tokenizer library)
+sentencepiece_version=0.2.3   # the tests' reference for SentencePiece models
+tiktoken_version=0.14.0       # the tokenizer benchmark's other reference (bench/run_tokenizer_bench.sh)
 libtorch=${BRIDGE_LIBTORCH:-wheel}
 for arg in "$@"; do
   case "$arg" in
@@ -50,6 +53,9 @@ packages=(
   curl                  # the ControlEndpoint test drives the endpoint with the real curl, as users do
   prometheus-cpp-dev    # ControlEndpoint's GET /metrics in Prometheus' text format
   libconcurrentqueue-dev  # the async observers' lock-free queue (header-only)
+  libpcre2-dev          # tokenizer.json's split patterns (Unicode properties, look-ahead), JIT-compiled
+  libicu-dev            # tokenizer.json's Unicode normalizers (NFC, NFKC, ...) and character properties
+  libsentencepiece-dev  # SentencePiece tokenizer.model files, through Google's own library
   python3-torch         # Python reference for parity checks, and torchrun
   python3-venv          # the tools venv below
   iproute2              # ip netns and veth pairs: the two-host rendezvous test (tests/rendezvous_two_hosts_test.sh)
@@ -58,12 +64,16 @@ packages=(
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The venv: the torch wheel (LibTorch for the build, and the Python PyTorch the benchmarks compare against) and the
-# independent readers the tests compare against (tensorboard's EventAccumulator, transformers' GPT-2). It sees the
-# system site-packages so that Debian's numpy (and, in a debian install, Debian's torch) stay usable from it.
+# independent readers the tests compare against (tensorboard's EventAccumulator, transformers' models, the tokenizers
+# and sentencepiece packages, tiktoken for the tokenizer benchmark). It sees the system site-packages so that Debian's
+# numpy (and, in a debian install, Debian's torch) stay usable from it.
 install_venv() {
   local venv="$repo_root/.venv"
-  local wanted=(tensorboard)
-  local check="import tensorboard"
+  local wanted=(tensorboard "tokenizers==$tokenizers_version" "sentencepiece==$sentencepiece_version"
+                "tiktoken==$tiktoken_version")
+  local check="import tensorboard, tokenizers, sentencepiece, tiktoken"
+  check+="; assert tokenizers.__version__ == '$tokenizers_version'"
+  check+="; assert sentencepiece.__version__ == '$sentencepiece_version'"
   if [[ $libtorch == wheel ]]; then
     # transformers' own models are the reference of bridge's Hugging Face bridges (tests/tools/hf_models.py); it needs
     # torch 2.x, so only beside the wheel.

@@ -5,6 +5,8 @@
 //       -> data/corpus_text_document.bin and .idx, byte-level tokens
 //   bridge-preprocess-data --input book.txt --input-format text --output-prefix data/book
 //       --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod
+//   bridge-preprocess-data --input corpus.jsonl --output-prefix data/llama3 --append-eod
+//       --tokenizer-type HuggingFaceTokenizer --tokenizer-model checkpoints/llama3   (its tokenizer.json)
 //   bridge-preprocess-data --input wiki.jsonl --json-keys text title --split-sentences --workers 8 --partitions 2 ...
 //       -> ..._text_sentence.bin/.idx and ..._title_sentence.bin/.idx, on 8 threads
 //
@@ -23,6 +25,15 @@ using namespace bridge::training::datasets;
 
 constexpr int kExitBadInput = 1;
 constexpr int kExitBadCommandLine = 2;
+
+// --tokenizer-type's help: the table of types (training/tokenizers/build_tokenizer.cpp).
+std::string tokenizer_types_help() {
+  std::string help;
+  for (const auto& type : bridge::training::tokenizers::tokenizer_types()) {
+    help += (help.empty() ? "" : "; ") + type.name + ": " + type.description;
+  }
+  return help;
+}
 
 cxxopts::Options make_options() {
   cxxopts::Options options("bridge-preprocess-data",
@@ -47,13 +58,17 @@ cxxopts::Options make_options() {
       ("keep-newlines", "with --split-sentences: keep the whitespace and newlines after a sentence on it")
       ("lang", "the language of --split-sentences; only english", cxxopts::value<std::string>()->default_value(
        "english"), "LANG")
-      ("tokenizer-type", "ByteLevel: one id per UTF-8 byte, EOD 256, vocab 257, no files; GPT2BPETokenizer: GPT-2's "
-       "byte-level BPE from --vocab-file and --merge-file (EOD <|endoftext|>, 50256 in the released files)",
-       cxxopts::value<std::string>()->default_value("ByteLevel"), "TYPE")
+      ("tokenizer-type", tokenizer_types_help(), cxxopts::value<std::string>()->default_value("ByteLevel"), "TYPE")
+      ("tokenizer-model", "HuggingFaceTokenizer: a model directory with tokenizer.json (and tokenizer_config.json "
+       "naming its BOS/EOS), or the tokenizer.json file; SentencePieceTokenizer, GPTSentencePieceTokenizer, "
+       "Llama2Tokenizer: the tokenizer.model file", cxxopts::value<std::string>(), "PATH")
       ("vocab-file", "GPT-2 vocabulary (vocab.json / encoder.json: token -> id), for GPT2BPETokenizer",
        cxxopts::value<std::string>(), "FILE")
       ("merge-file", "GPT-2 merges (merges.txt / vocab.bpe: one 'a b' pair per line), for GPT2BPETokenizer",
        cxxopts::value<std::string>(), "FILE")
+      ("vocab-size", "NullTokenizer: the number of ids", cxxopts::value<int64_t>(), "N")
+      ("null-tokenizer-eod-id", "NullTokenizer: the end-of-document id (default: vocab size - 1)",
+       cxxopts::value<int64_t>(), "ID")
       ("append-eod", "append the tokenizer's end-of-document id to every non-empty document, so GPT samples that "
        "span documents see where one ends")
       ("log-interval", "report progress every this many documents (0: never)",
@@ -81,6 +96,8 @@ Output:
 Errors name the input file and line. Examples:
   bridge-preprocess-data --input corpus.jsonl --output-prefix data/corpus --append-eod
   bridge-preprocess-data --input book.txt --input-format text --output-prefix data/book --append-eod
+  bridge-preprocess-data --input corpus.jsonl --output-prefix data/llama3 --append-eod \
+      --tokenizer-type HuggingFaceTokenizer --tokenizer-model checkpoints/llama3
 )";
 }
 
@@ -130,9 +147,15 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--json-keys applies to --input-format json only");
     }
     if (config.json_keys.empty()) throw std::invalid_argument("--json-keys names no field");
-    config.tokenizer_type = args["tokenizer-type"].as<std::string>();
-    if (args.count("vocab-file")) config.vocab_file = args["vocab-file"].as<std::string>();
-    if (args.count("merge-file")) config.merge_file = args["merge-file"].as<std::string>();
+    bridge::training::tokenizers::TokenizerConfig& tokenizer = config.tokenizer;
+    tokenizer.tokenizer_type = args["tokenizer-type"].as<std::string>();
+    if (args.count("tokenizer-model")) tokenizer.tokenizer_model = args["tokenizer-model"].as<std::string>();
+    if (args.count("vocab-file")) tokenizer.vocab_file = args["vocab-file"].as<std::string>();
+    if (args.count("merge-file")) tokenizer.merge_file = args["merge-file"].as<std::string>();
+    if (args.count("vocab-size")) tokenizer.vocab_size = args["vocab-size"].as<int64_t>();
+    if (args.count("null-tokenizer-eod-id"))
+      tokenizer.null_tokenizer_eod_id = args["null-tokenizer-eod-id"].as<int64_t>();
+    bridge::training::tokenizers::validate_tokenizer_config(tokenizer, "--");
     config.append_eod = args.count("append-eod") > 0;
     config.log_interval = args["log-interval"].as<int64_t>();
     if (config.log_interval < 0) throw std::invalid_argument("--log-interval must be >= 0");

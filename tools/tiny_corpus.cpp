@@ -13,7 +13,7 @@
 #include <system_error>
 
 #include "training/datasets/indexed_dataset.h"
-#include "training/datasets/tokenizer.h"
+#include "training/tokenizers/byte_level_tokenizer.h"
 #include "utils/logging.h"
 
 namespace bridge::tools {
@@ -161,7 +161,7 @@ fs::path default_data_dir() {
 namespace {
 
 // The corpus as the builder stores it: each fable byte-tokenized, with Megatron's --append-eod.
-std::vector<std::vector<int64_t>> tiny_corpus_tokens(const training::datasets::ByteLevelTokenizer& tokenizer) {
+std::vector<std::vector<int64_t>> tiny_corpus_tokens(const training::tokenizers::ByteLevelTokenizer& tokenizer) {
   std::vector<std::vector<int64_t>> documents;
   for (const std::string& document : tiny_corpus_documents()) {
     documents.push_back(tokenizer.encode(document));
@@ -191,7 +191,7 @@ std::string damage_of(const std::string& prefix, const std::vector<std::vector<i
 std::string prepare_tiny_corpus(const fs::path& dir) {
   const std::string prefix =
       (dir / (std::string(kTinyCorpusName) + "_" + std::string(kVersion) + "_text_document")).string();
-  const training::datasets::ByteLevelTokenizer tokenizer;
+  const training::tokenizers::ByteLevelTokenizer tokenizer;
   const std::vector<std::vector<int64_t>> documents = tiny_corpus_tokens(tokenizer);
   // finalize() renames the .bin before the .idx, so a present .idx means a complete dataset, unless something
   // changed it since: the files are checked against the corpus and written again when they differ.

@@ -16,7 +16,7 @@
 #include "tests/unit/datasets_test_support.h"
 #include "training/datasets/indexed_dataset.h"
 #include "training/datasets/sentence_splitter.h"
-#include "training/datasets/tokenizer.h"
+#include "training/tokenizers/byte_level_tokenizer.h"
 
 namespace bridge::training::datasets {
 namespace {
@@ -25,6 +25,7 @@ using ::testing::HasSubstr;
 using testing::read_bytes;
 using testing::ScratchDir;
 using testing::write_bytes;
+using tokenizers::ByteLevelTokenizer;
 
 struct ToolRun {
   int status;
@@ -244,11 +245,29 @@ TEST(PreprocessDataTest, BadFlagsExitWithStatus2) {
   expect_usage_error("--output-prefix x", "--input is required");
   expect_usage_error(io + "--tokenizer-type ByteLevl", "did you mean ByteLevel?");
   expect_usage_error(io + "--input-format csv", "--input-format must be json or text");
+  expect_usage_error(io + "--tokenizer-type HuggingFaceTokenizer", "needs --tokenizer-model");
+  expect_usage_error(io + "--tokenizer-type NullTokenizer", "needs --vocab-size");
+  expect_usage_error(io + "--tokenizer-type SentencePieceTokenizer --tokenizer-model '" + dir / "none.model" + "'",
+                     "cannot load the SentencePiece model");
+  std::filesystem::create_directories(dir / "no_tokenizer");
+  expect_usage_error(io + "--tokenizer-type HuggingFaceTokenizer --tokenizer-model '" + dir / "no_tokenizer" + "'",
+                     "give the directory of a Hugging Face model");
+  // NullTokenizer: the text is the ids.
+  write_bytes(dir / "ids.jsonl", "{\"text\": \"5 17 4\"}\n{\"text\": \"2\"}\n");
+  ASSERT_EQ(preprocess(dir, "--input '" + dir / "ids.jsonl" + "' --output-prefix '" + dir / "ids" +
+                                "' --tokenizer-type NullTokenizer --vocab-size 32 --append-eod")
+                .status,
+            0);
+  const IndexedDataset ids(dir / "ids_text_document");
+  EXPECT_EQ(ids.get(0), (std::vector<int64_t>{5, 17, 4, 31}));
+  EXPECT_EQ(ids.get(1), (std::vector<int64_t>{2, 31}));
   const ToolRun help = preprocess(dir, "--help");
   EXPECT_EQ(help.status, 0);
-  for (const std::string flag : {"--input", "--input-format", "--output-prefix", "--json-keys", "--tokenizer-type",
-                                 "--vocab-file", "--merge-file", "--append-eod", "--log-interval", "--workers",
-                                 "--partitions", "--split-sentences", "--keep-newlines", "--keep-sequential-samples"}) {
+  for (const std::string flag :
+       {"--input", "--input-format", "--output-prefix", "--json-keys", "--tokenizer-type", "--tokenizer-model",
+        "--vocab-size", "HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer", "--vocab-file",
+        "--merge-file", "--append-eod", "--log-interval", "--workers", "--partitions", "--split-sentences",
+        "--keep-newlines", "--keep-sequential-samples"}) {
     EXPECT_THAT(read_bytes(dir / "stdout.txt"), HasSubstr(flag));
   }
 }

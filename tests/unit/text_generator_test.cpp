@@ -18,7 +18,7 @@
 #include "tests/unit/callback_test_support.h"
 #include "training/callbacks.h"
 #include "training/config/config.h"
-#include "training/datasets/tokenizer.h"
+#include "training/tokenizers/byte_level_tokenizer.h"
 
 namespace bridge::training {
 namespace {
@@ -36,7 +36,7 @@ class TextGeneratorTest : public ::testing::Test {
     config_.num_layers = 2;
     config_.hidden_size = 32;
     config_.num_attention_heads = 4;
-    config_.vocab_size = datasets::ByteLevelTokenizer().vocab_size();
+    config_.vocab_size = tokenizers::ByteLevelTokenizer().vocab_size();
     config_.seq_length = 24;
     config_.hidden_dropout = 0.2;
     config_.init_method_std = 0.5;  // a random model with decided preferences: few near-ties in the argmax
@@ -84,7 +84,7 @@ TEST_F(TextGeneratorTest, GreedyContinuationIsTheArgmaxOfTheModelsOwnForwardPass
   const std::vector<GeneratedText> texts = generate(generator, 100);
   EXPECT_TRUE(gpt_->is_training()) << "the model goes back to training mode";
   ASSERT_EQ(texts.size(), 2u);
-  datasets::ByteLevelTokenizer tokenizer;
+  tokenizers::ByteLevelTokenizer tokenizer;
   for (std::size_t i = 0; i < texts.size(); ++i) {
     SCOPED_TRACE(options.prompts[i]);
     EXPECT_EQ(texts[i].prompt, options.prompts[i]);
@@ -108,7 +108,7 @@ TEST_F(TextGeneratorTest, TopKDrawsAmongTheKLikeliestAndRepeatsForTheSameStep) {
   TextGenerator generator(options);
   const std::vector<int64_t> first = generate(generator, 7)[0].tokens;
   EXPECT_EQ(generate(generator, 7)[0].tokens, first) << "the same step draws the same tokens";
-  std::vector<int64_t> prefix = datasets::ByteLevelTokenizer().encode("abc");
+  std::vector<int64_t> prefix = tokenizers::ByteLevelTokenizer().encode("abc");
   int not_the_argmax = 0;
   for (const int64_t token : first) {
     const torch::Tensor logits = next_logits(prefix);
@@ -134,13 +134,13 @@ TEST_F(TextGeneratorTest, StopsAtTheEndOfDocumentToken) {
     gpt_->final_layernorm->bias.fill_(1.0);
     torch::Tensor output = gpt_->output_weight.defined() ? gpt_->output_weight : gpt_->word_embeddings->weight;
     output.zero_();
-    output[datasets::ByteLevelTokenizer::kEod].fill_(1.0);
+    output[tokenizers::ByteLevelTokenizer::kEod].fill_(1.0);
   }
   TextGeneratorOptions options;
   options.prompts = {"xyz"};
   options.max_new_tokens = 5;
-  ASSERT_EQ(next_logits(datasets::ByteLevelTokenizer().encode("xyz")).argmax().item<int64_t>(),
-            datasets::ByteLevelTokenizer::kEod);
+  ASSERT_EQ(next_logits(tokenizers::ByteLevelTokenizer().encode("xyz")).argmax().item<int64_t>(),
+            tokenizers::ByteLevelTokenizer::kEod);
   TextGenerator generator(options);
   EXPECT_TRUE(generate(generator, 1)[0].tokens.empty());
   options.stop_at_eod = false;
@@ -196,7 +196,7 @@ TEST_F(TextGeneratorTest, OptionsOutOfRangeAreNamed) {
   EXPECT_THAT(error([](auto& o) { o.top_k = 0; }), HasSubstr("top_k is 0"));
   EXPECT_THAT(error([](auto& o) { o.temperature = 0.0; }), HasSubstr("temperature is 0"));
   EXPECT_THAT(error([](auto& o) { o.tokenizer_type = "Bytelevel"; }), HasSubstr("did you mean ByteLevel?"));
-  EXPECT_THAT(error([](auto& o) { o.tokenizer_type = "GPT2BPETokenizer"; }), HasSubstr("vocab file"));
+  EXPECT_THAT(error([](auto& o) { o.tokenizer_type = "GPT2BPETokenizer"; }), HasSubstr("needs vocab_file"));
 
   TextGeneratorOptions options;
   options.prompts = {"hello"};

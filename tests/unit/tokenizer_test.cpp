@@ -1,21 +1,22 @@
 // Tokenizers: the byte-level one, and GPT-2 BPE on a small hand-made vocabulary whose expected ids are derived by
 // hand below (pre-tokenization pieces, then merges lowest rank first), plus the Unicode classes and file errors.
-#include "training/datasets/tokenizer.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 
 #include "tests/unit/datasets_test_support.h"
-#include "training/datasets/unicode_classes.h"
+#include "training/tokenizers/build_tokenizer.h"
+#include "training/tokenizers/byte_level_tokenizer.h"
+#include "training/tokenizers/gpt2_bpe_tokenizer.h"
+#include "training/tokenizers/unicode_classes.h"
 
-namespace bridge::training::datasets {
+namespace bridge::training::tokenizers {
 namespace {
 
+using datasets::testing::ScratchDir;
+using datasets::testing::write_bytes;
 using ::testing::HasSubstr;
-using testing::ScratchDir;
-using testing::write_bytes;
 
 TEST(ByteLevelTokenizerTest, BytesAreIdsAndEodIs256) {
   ByteLevelTokenizer tokenizer;
@@ -162,15 +163,28 @@ TEST_F(GPT2BPETokenizerTest, BadFilesNameTheFileAndLine) {
 }
 
 TEST(BuildTokenizerTest, NamesAndSuggestions) {
-  EXPECT_EQ(build_tokenizer("ByteLevel")->vocab_size(), 257);
+  const auto build = [](const std::string& type) {
+    TokenizerConfig config;
+    config.tokenizer_type = type;
+    return build_tokenizer(config);
+  };
+  EXPECT_EQ(build("ByteLevel")->vocab_size(), 257);
   try {
-    build_tokenizer("ByteLevl");
+    build("ByteLevl");
     FAIL() << "accepted a misspelt tokenizer type";
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("did you mean ByteLevel?"));
   }
-  EXPECT_THROW(build_tokenizer("GPT2BPETokenizer"), std::invalid_argument);  // no vocab or merges
+  // Each type names what it lacks, spelt as the caller spells fields.
+  TokenizerConfig config;
+  config.tokenizer_type = "HuggingFaceTokenizer";
+  EXPECT_THAT([&] { validate_tokenizer_config(config, "--"); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("needs --tokenizer-model")));
+  config.tokenizer_type = "NullTokenizer";
+  EXPECT_THAT([&] { validate_tokenizer_config(config, "tokenizer."); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("needs tokenizer.vocab_size")));
+  EXPECT_THROW(build("GPT2BPETokenizer"), std::invalid_argument);  // no vocab or merges
 }
 
 }  // namespace
-}  // namespace bridge::training::datasets
+}  // namespace bridge::training::tokenizers

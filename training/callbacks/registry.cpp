@@ -149,7 +149,11 @@ const std::vector<Builtin>& table() {
            option("temperature", &TG::temperature, "Divides the logits before sampling."),
            option("seed", &TG::seed, "Sampling seed (combined with the step)."),
            option("stop_at_eod", &TG::stop_at_eod, "End a continuation at the end-of-document token."),
-           option("tokenizer_type", &TG::tokenizer_type, "ByteLevel or GPT2BPETokenizer."),
+           option("tokenizer_type", &TG::tokenizer_type,
+                  "ByteLevel, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer (or its other names) or "
+                  "NullTokenizer, as bridge-preprocess-data's --tokenizer-type."),
+           option("tokenizer_model", &TG::tokenizer_model,
+                  "HuggingFaceTokenizer's directory (or tokenizer.json); SentencePieceTokenizer's tokenizer.model."),
            option("vocab_file", &TG::vocab_file, "GPT2BPETokenizer's vocab.json."),
            option("merge_file", &TG::merge_file, "GPT2BPETokenizer's merges.txt.")}),
       builtin<ThresholdStopper, TS>(

@@ -16,6 +16,7 @@
 #include "training/config/config.h"
 #include "training/inference.h"
 #include "training/optimizer/mixed_precision.h"
+#include "training/tokenizers/build_tokenizer.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -55,7 +56,7 @@ torch::Tensor pick_tokens(torch::Tensor logits, const TextGeneratorOptions& opti
 }
 
 // Throws when the prompts or the new tokens do not fit the model (before on_train_start and generate() run it).
-void check_fits(const TextGeneratorOptions& options, const datasets::Tokenizer& tokenizer,
+void check_fits(const TextGeneratorOptions& options, const tokenizers::Tokenizer& tokenizer,
                 const std::vector<std::vector<int64_t>>& prompt_tokens, const models::GPTConfig& config) {
   if (options.max_new_tokens >= config.seq_length) {
     throw std::invalid_argument(fmt::format(
@@ -88,7 +89,20 @@ TextGenerator::TextGenerator(TextGeneratorOptions options) : options_(std::move(
   require(options_.top_k > 0, fmt::format("top_k is {}; use 1 (greedy) or more", options_.top_k));
   require(std::isfinite(options_.temperature) && options_.temperature > 0.0,
           fmt::format("temperature is {:.6g}; use a number above 0", options_.temperature));
-  tokenizer_ = datasets::build_tokenizer(options_.tokenizer_type, options_.vocab_file, options_.merge_file);
+  tokenizers::TokenizerConfig tokenizer_config;
+  tokenizer_config.tokenizer_type = options_.tokenizer_type;
+  tokenizer_config.tokenizer_model = options_.tokenizer_model;
+  tokenizer_config.vocab_file = options_.vocab_file;
+  tokenizer_config.merge_file = options_.merge_file;
+  tokenizer_ = tokenizers::build_tokenizer(tokenizer_config);
+  if (options_.stop_at_eod) {
+    try {
+      eod_ = tokenizer_->eod();
+    } catch (const std::logic_error& e) {
+      throw std::invalid_argument(std::string("TextGenerator.stop_at_eod: ") + e.what() +
+                                  "; or set stop_at_eod: false");
+    }
+  }
   for (std::size_t i = 0; i < options_.prompts.size(); ++i) {
     std::vector<int64_t> tokens = tokenizer_->encode(options_.prompts[i]);
     require(!tokens.empty(), fmt::format("prompts[{}] is empty; every prompt needs at least one token", i));
@@ -180,7 +194,7 @@ std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t
       auto& row = rows[static_cast<std::size_t>(b)];
       if (done[static_cast<std::size_t>(b)]) continue;
       const int64_t token = picked[b].item<int64_t>();
-      if (options_.stop_at_eod && token == tokenizer_->eod()) {
+      if (options_.stop_at_eod && token == eod_) {
         done[static_cast<std::size_t>(b)] = true;
         continue;
       }

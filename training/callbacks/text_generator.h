@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "training/callbacks/callback.h"
-#include "training/datasets/tokenizer.h"
+#include "training/tokenizers/tokenizer.h"
 
 namespace bridge::training {
 inline namespace callbacks {
@@ -37,7 +37,8 @@ struct TextGeneratorOptions {
   double temperature = 1.0;                  ///< logits are divided by it before sampling (> 0)
   int64_t seed = 1234;                       ///< sampling seed, combined with the step
   bool stop_at_eod = true;                   ///< end a continuation at the end-of-document token
-  std::string tokenizer_type = "ByteLevel";  ///< ByteLevel or GPT2BPETokenizer
+  std::string tokenizer_type = "ByteLevel";  ///< a type of training/tokenizers/build_tokenizer.h
+  std::string tokenizer_model;               ///< HuggingFaceTokenizer's directory, SentencePiece's tokenizer.model
   std::string vocab_file;                    ///< GPT2BPETokenizer's vocab.json
   std::string merge_file;                    ///< GPT2BPETokenizer's merges.txt
 };
@@ -69,7 +70,8 @@ class TextGenerator : public Callback {
 
  private:
   TextGeneratorOptions options_;
-  std::unique_ptr<datasets::Tokenizer> tokenizer_;
+  std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
+  int64_t eod_ = -1;  // the tokenizer's end of document, when stop_at_eod
   std::vector<std::vector<int64_t>> prompt_tokens_;
   int64_t next_step_ = 0;
   std::vector<GeneratedText> last_;

@@ -2,6 +2,7 @@
 #include "training/datasets/preprocess_data.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,11 +14,13 @@
 
 #include "training/datasets/indexed_dataset.h"
 #include "training/datasets/sentence_splitter.h"
-#include "training/datasets/tokenizer.h"
+#include "training/tokenizers/tokenizer.h"
 #include "utils/strings.h"
 
 namespace bridge::training::datasets {
 namespace {
+
+using tokenizers::Tokenizer;
 
 // One document's sequences: their tokens back to back, and each sequence's length.
 struct EncodedDocument {
@@ -41,14 +44,16 @@ EncodedDocument encode_pieces(const Tokenizer& tokenizer, const std::vector<std:
   return document;
 }
 
-// One document as read: each key's pieces of text, and the input line it starts on.
+// One document as read: the input line it starts on, and either its JSON line (parsed by a worker) or each key's
+// pieces of text.
 struct RawDocument {
   int64_t line = 0;
+  std::string json;
   std::vector<std::vector<std::string>> pieces;  // per key
 };
 
 // Documents are tokenized this many per worker at a time, then written in input order.
-constexpr std::size_t kDocumentsPerWorker = 64;
+constexpr std::size_t kDocumentsPerWorker = 256;
 
 class Preprocessor {
  public:
@@ -65,7 +70,14 @@ class Preprocessor {
     if (config_.keep_newlines && !config_.split_sentences) {
       throw std::invalid_argument("--keep-newlines applies with --split-sentences only");
     }
-    tokenizer_ = build_tokenizer(config_.tokenizer_type, config_.vocab_file, config_.merge_file);
+    tokenizer_ = tokenizers::build_tokenizer(config_.tokenizer);
+    if (config_.append_eod) {
+      try {
+        tokenizer_->eod();
+      } catch (const std::logic_error& e) {
+        throw std::invalid_argument(std::string("--append-eod: ") + e.what());
+      }
+    }
     const DType dtype = optimal_dtype(tokenizer_->vocab_size());
     const std::string level = config_.split_sentences ? "_sentence" : "_document";
     for (const std::string& key : config_.json_keys) {
@@ -87,15 +99,10 @@ class Preprocessor {
         batch_.push_back(std::move(document));
         if (batch_.size() >= kDocumentsPerWorker * static_cast<std::size_t>(config_.workers)) flush();
       };
-      try {
-        if (config_.input_format == InputFormat::kJsonLines) {
-          json_lines(in, take);
-        } else {
-          text_paragraphs(in, take);
-        }
-      } catch (...) {
-        flush();  // a bad document read before this one is the first error
-        throw;
+      if (config_.input_format == InputFormat::kJsonLines) {
+        json_lines(in, take);
+      } else {
+        text_paragraphs(in, take);
       }
       flush();
     }
@@ -113,47 +120,54 @@ class Preprocessor {
     return std::runtime_error(config_.input + ":" + std::to_string(line) + ": " + what);
   }
 
+  // The non-blank lines; parsing them is the workers' (parse_json below), so that it scales with them.
   void json_lines(std::istream& in, const Take& take) const {
     std::string line;
     int64_t number = 0;
     while (std::getline(in, line)) {
       ++number;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::json object;
-      try {
-        object = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw error(number, std::string("not a JSON object: ") + e.what() +
-                                " (JSON lines input wants one object per line; plain text is --input-format text)");
-      }
-      if (!object.is_object()) throw error(number, "the line is JSON but not an object");
-      RawDocument document{number, {}};
-      for (const std::string& key : config_.json_keys) {
-        const auto field = object.find(key);
-        if (field == object.end()) {
-          std::vector<std::string> present;
-          for (const auto& item : object.items()) present.push_back(item.key());
-          throw error(number, "no field \"" + key + "\" (the line has: " + bridge::utils::join(present, ", ") +
-                                  "); choose the fields with --json-keys");
-        }
-        if (field->is_string()) {
-          document.pieces.push_back({field->get<std::string>()});
-        } else if (field->is_array() &&
-                   std::all_of(field->begin(), field->end(), [](const auto& v) { return v.is_string(); })) {
-          document.pieces.push_back(field->get<std::vector<std::string>>());
-        } else {
-          throw error(number, "field \"" + key + "\" must be a string or a list of strings, got " + field->type_name());
-        }
-      }
-      take(std::move(document));
+      take(RawDocument{number, std::move(line), {}});
     }
+  }
+
+  // One JSON line's fields; throws std::runtime_error with what is wrong (flush() adds the file and line).
+  void parse_json(RawDocument& document) const {
+    nlohmann::json object;
+    try {
+      object = nlohmann::json::parse(document.json);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(std::string("not a JSON object: ") + e.what() +
+                               " (JSON lines input wants one object per line; plain text is --input-format text)");
+    }
+    if (!object.is_object()) throw std::runtime_error("the line is JSON but not an object");
+    for (const std::string& key : config_.json_keys) {
+      const auto field = object.find(key);
+      if (field == object.end()) {
+        std::vector<std::string> present;
+        for (const auto& item : object.items()) present.push_back(item.key());
+        throw std::runtime_error("no field \"" + key + "\" (the line has: " + bridge::utils::join(present, ", ") +
+                                 "); choose the fields with --json-keys");
+      }
+      if (field->is_string()) {
+        document.pieces.push_back({field->get<std::string>()});
+      } else if (field->is_array() &&
+                 std::all_of(field->begin(), field->end(), [](const auto& v) { return v.is_string(); })) {
+        document.pieces.push_back(field->get<std::vector<std::string>>());
+      } else {
+        throw std::runtime_error("field \"" + key + "\" must be a string or a list of strings, got " +
+                                 field->type_name());
+      }
+    }
+    document.json.clear();
+    document.json.shrink_to_fit();
   }
 
   void text_paragraphs(std::istream& in, const Take& take) const {
     std::string line, paragraph;
     int64_t number = 0, first_line = 0;
     const auto flush_paragraph = [&] {
-      take(RawDocument{first_line, {{paragraph}}});
+      take(RawDocument{first_line, {}, {{paragraph}}});
       paragraph.clear();
     };
     while (std::getline(in, line)) {
@@ -174,7 +188,8 @@ class Preprocessor {
   }
 
   // Megatron's Encoder: each piece (or, split, each sentence of it) one sequence.
-  std::vector<EncodedDocument> encode(const RawDocument& document) const {
+  std::vector<EncodedDocument> encode(RawDocument& document) const {
+    if (config_.input_format == InputFormat::kJsonLines) parse_json(document);
     std::vector<EncodedDocument> encoded;
     for (const std::vector<std::string>& pieces : document.pieces) {
       if (!config_.split_sentences) {
@@ -192,13 +207,15 @@ class Preprocessor {
     return encoded;
   }
 
-  // Tokenizes the batch on the workers (document i on worker i % workers), then writes it in order; the first bad
-  // document in input order is the error, as one worker would report it.
+  // Tokenizes the batch on the workers (each takes the next document not yet taken, so long documents do not leave
+  // the others waiting), then writes it in order; the first bad document in input order is the error, as one worker
+  // would report it.
   void flush() {
     std::vector<std::vector<EncodedDocument>> encoded(batch_.size());
     std::vector<std::string> errors(batch_.size());
-    const auto work = [&](std::size_t worker, std::size_t workers) {
-      for (std::size_t i = worker; i < batch_.size(); i += workers) {
+    std::atomic<std::size_t> next{0};
+    const auto work = [&] {
+      for (std::size_t i = next++; i < batch_.size(); i = next++) {
         try {
           encoded[i] = encode(batch_[i]);
         } catch (const std::exception& e) {
@@ -208,8 +225,8 @@ class Preprocessor {
     };
     const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(config_.workers), batch_.size());
     std::vector<std::thread> threads;
-    for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work, w, workers);
-    work(0, std::max<std::size_t>(workers, 1));
+    for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work);
+    work();
     for (std::thread& thread : threads) thread.join();
     for (std::size_t i = 0; i < batch_.size(); ++i) {
       if (!errors[i].empty()) throw error(batch_[i].line, errors[i]);

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "training/tokenizers/build_tokenizer.h"
+
 namespace bridge::training::datasets {
 
 enum class InputFormat {
@@ -26,8 +28,8 @@ struct PreprocessConfig {
   /// Outputs are <output_prefix>_<key>_document.bin/.idx, key "text" for text input (_sentence: split_sentences).
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
-  std::string tokenizer_type = "ByteLevel";  ///< see build_tokenizer
-  std::string vocab_file, merge_file;
+  /// The tokenizer (training/tokenizers/build_tokenizer.h): Megatron's --tokenizer-type and its files.
+  tokenizers::TokenizerConfig tokenizer;
   /// Append the tokenizer's EOD to every non-empty document.
   bool append_eod = false;
   /// Report progress on stderr every this many documents; 0 = never.

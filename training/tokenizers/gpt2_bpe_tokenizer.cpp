@@ -1,75 +1,31 @@
-// Byte-level and GPT-2 BPE tokenizers.
-#include "training/datasets/tokenizer.h"
+// GPT-2 BPE: pre-tokenization, byte mapping, ranked merges.
+#include "training/tokenizers/gpt2_bpe_tokenizer.h"
 
 #include <algorithm>
 #include <array>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
 
-#include "training/datasets/unicode_classes.h"
-#include "utils/closest_match.h"
+#include "training/tokenizers/bpe_model.h"
+#include "training/tokenizers/unicode_classes.h"
+#include "training/tokenizers/utf8.h"
 
-namespace bridge::training::datasets {
+namespace bridge::training::tokenizers {
 namespace {
 
 constexpr std::string_view kEndOfText = "<|endoftext|>";
 
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
-
 // Decodes one UTF-8 character at `text[i]`, advancing i; throws on malformed input (GPT-2 works on code points).
 char32_t next_code_point(std::string_view text, std::size_t& i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(i);
-  int extra = 0;
   char32_t c = 0;
-  if (lead < 0x80) {
-    c = lead;
-  } else if (lead >= 0xC2 && lead <= 0xDF) {
-    extra = 1, c = lead & 0x1F;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    extra = 2, c = lead & 0x0F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    extra = 3, c = lead & 0x07;
-  } else {
-    extra = -1;
-  }
-  bool valid = extra >= 0 && i + static_cast<std::size_t>(extra) < text.size();
-  for (int k = 1; valid && k <= extra; ++k) {
-    const unsigned char next = byte(i + static_cast<std::size_t>(k));
-    valid = (next & 0xC0) == 0x80;
-    c = (c << 6) | (next & 0x3F);
-  }
-  // Overlong forms, surrogates and values past U+10FFFF are not UTF-8 either.
-  if (valid &&
-      ((extra == 2 && (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF))) || (extra == 3 && (c < 0x10000 || c > 0x10FFFF)))) {
-    valid = false;
-  }
-  if (!valid) {
+  if (!utf8::next(text, i, c)) {
     throw std::invalid_argument("GPT2BPETokenizer: the text is not valid UTF-8 at byte " + std::to_string(i) +
                                 "; convert the input to UTF-8");
   }
-  i += static_cast<std::size_t>(extra) + 1;
   return c;
 }
 
@@ -81,7 +37,7 @@ const std::array<std::string, 256>& byte_encoder() {
     char32_t next = 256;
     for (int b = 0; b < 256; ++b) {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      append_utf8(printable ? static_cast<char32_t>(b) : next++, result[static_cast<std::size_t>(b)]);
+      utf8::append(printable ? static_cast<char32_t>(b) : next++, result[static_cast<std::size_t>(b)]);
     }
     return result;
   }();
@@ -157,29 +113,9 @@ std::string read_file(const std::string& path, const char* what) {
 
 }  // namespace
 
-std::vector<int64_t> ByteLevelTokenizer::encode(std::string_view text) const {
-  std::vector<int64_t> ids(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
-  return ids;
-}
-
-std::string ByteLevelTokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string text;
-  text.reserve(ids.size());
-  for (const int64_t id : ids) {
-    if (id < 0 || id > kEod) {
-      throw std::out_of_range("ByteLevelTokenizer::decode: id " + std::to_string(id) + " is not in [0, 257)");
-    }
-    if (id == kEod) {
-      text += kEndOfText;
-    } else {
-      text += static_cast<char>(static_cast<unsigned char>(id));
-    }
-  }
-  return text;
-}
-
-GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std::string& merges_path) {
+GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std::string& merges_path)
+    : vocab_json_path_(vocab_json_path) {
+  std::unordered_map<std::string, int32_t> encoder;
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(read_file(vocab_json_path, "vocab"));
@@ -205,17 +141,17 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
     }
     seen[static_cast<std::size_t>(id)] = true;
     decoder_[static_cast<std::size_t>(id)] = token;
-    encoder_.emplace(token, id);
+    encoder.emplace(token, static_cast<int32_t>(id));
   }
-  const auto eod = encoder_.find(std::string(kEndOfText));
-  if (eod == encoder_.end()) {
+  const auto eod = encoder.find(std::string(kEndOfText));
+  if (eod == encoder.end()) {
     throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " has no \"<|endoftext|>\" token, which ends " +
                              "every document");
   }
   eod_ = eod->second;
 
-  const std::string merges = read_file(merges_path, "merges");
-  std::istringstream lines(merges);
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::istringstream lines(read_file(merges_path, "merges"));
   std::string line;
   int64_t line_number = 0;
   while (std::getline(lines, line)) {
@@ -230,69 +166,34 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
                                "\"");
     }
     // The rank is the merge's position; a repeated pair takes its last position, as dict(zip(merges, range(n))) in
-    // GPT-2's encoder.py does.
-    merge_ranks_.insert_or_assign(first + " " + second, static_cast<int64_t>(line_number));
+    // GPT-2's encoder.py does (and BpeModel).
+    merges.emplace_back(std::move(first), std::move(second));
+  }
+  // Every byte's character must be a token, or some text would have no ids.
+  for (int b = 0; b < 256; ++b) {
+    const std::string& character = byte_encoder()[static_cast<std::size_t>(b)];
+    if (encoder.find(character) == encoder.end()) {
+      throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " has no token for byte " + std::to_string(b) +
+                               " (\"" + character + "\"); a byte-level BPE vocabulary holds all 256");
+    }
+  }
+  try {
+    model_ = std::make_unique<BpeModel>(std::move(encoder), merges, BpeOptions{}, merges_path);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("GPT2BPETokenizer: ") + e.what());
   }
 }
 
-std::vector<std::string> GPT2BPETokenizer::bpe(const std::string& word) const {
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    const auto hit = cache_.find(word);
-    if (hit != cache_.end()) return hit->second;
-  }
-  std::vector<std::string> symbols;
-  for (std::size_t i = 0; i < word.size();) {
-    const std::size_t start = i;
-    next_code_point(word, i);
-    symbols.push_back(word.substr(start, i - start));
-  }
-  while (symbols.size() > 1) {
-    // The adjacent pair with the lowest merge rank, merged everywhere it occurs, left to right.
-    int64_t best_rank = std::numeric_limits<int64_t>::max();
-    std::string best;
-    for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const auto rank = merge_ranks_.find(symbols[i] + " " + symbols[i + 1]);
-      if (rank != merge_ranks_.end() && rank->second < best_rank) {
-        best_rank = rank->second;
-        best = rank->first;
-      }
-    }
-    if (best_rank == std::numeric_limits<int64_t>::max()) break;
-    const std::size_t split = best.find(' ');
-    const std::string first = best.substr(0, split), second = best.substr(split + 1);
-    std::vector<std::string> merged;
-    merged.reserve(symbols.size());
-    for (std::size_t i = 0; i < symbols.size();) {
-      if (i + 1 < symbols.size() && symbols[i] == first && symbols[i + 1] == second) {
-        merged.push_back(first + second);
-        i += 2;
-      } else {
-        merged.push_back(std::move(symbols[i]));
-        i += 1;
-      }
-    }
-    symbols = std::move(merged);
-  }
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  cache_.emplace(word, symbols);
-  return symbols;
-}
+GPT2BPETokenizer::~GPT2BPETokenizer() = default;
 
 std::vector<int64_t> GPT2BPETokenizer::encode(std::string_view text) const {
   const auto& bytes_to_unicode = byte_encoder();
   std::vector<int64_t> ids;
+  std::string word;
   for (const std::string_view piece : pre_tokenize(text)) {
-    std::string word;
+    word.clear();
     for (const char byte : piece) word += bytes_to_unicode[static_cast<unsigned char>(byte)];
-    for (const std::string& symbol : bpe(word)) {
-      const auto id = encoder_.find(symbol);
-      if (id == encoder_.end()) {
-        throw std::runtime_error("GPT2BPETokenizer: the BPE symbol \"" + symbol + "\" of \"" + std::string(piece) +
-                                 "\" is not in the vocabulary; the vocab and merges files do not belong together");
-      }
-      ids.push_back(id->second);
-    }
+    model_->tokenize(word, ids);
   }
   return ids;
 }
@@ -326,22 +227,4 @@ std::string GPT2BPETokenizer::decode(const std::vector<int64_t>& ids) const {
   return text;
 }
 
-std::unique_ptr<Tokenizer> build_tokenizer(const std::string& tokenizer_type, const std::string& vocab_file,
-                                           const std::string& merge_file) {
-  if (tokenizer_type == "ByteLevel") return std::make_unique<ByteLevelTokenizer>();
-  if (tokenizer_type == "GPT2BPETokenizer") {
-    if (vocab_file.empty() || merge_file.empty()) {
-      throw std::invalid_argument(
-          "tokenizer GPT2BPETokenizer needs a vocab file (vocab.json) and a merge file "
-          "(merges.txt); give --vocab-file and --merge-file");
-    }
-    return std::make_unique<GPT2BPETokenizer>(vocab_file, merge_file);
-  }
-  std::string message = "unknown tokenizer type \"" + tokenizer_type + "\"; expected ByteLevel or GPT2BPETokenizer";
-  if (const auto guess = bridge::utils::closest_match(tokenizer_type, {"ByteLevel", "GPT2BPETokenizer"})) {
-    message += " (did you mean " + *guess + "?)";
-  }
-  throw std::invalid_argument(message);
-}
-
-}  // namespace bridge::training::datasets
+}  // namespace bridge::training::tokenizers

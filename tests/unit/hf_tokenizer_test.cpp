@@ -1,0 +1,270 @@
+// Hugging Face tokenizer.json and SentencePiece models against the libraries themselves: tokenizers and
+// sentencepiece (the tests' venv) train small tokenizers shaped like Llama-3's, Qwen2's, Llama-2's, Mistral's and
+// rarer pipelines (tests/tools/tokenizer_references.py), save them, and encode and decode a few thousand lines of hard
+// text; bridge must give every id and every decoded string they give. Then the errors: what bridge does not implement
+// is refused with the JSON path, never approximated.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "training/datasets/preprocess_data.h"
+#include "training/tokenizers/build_tokenizer.h"
+#include "training/tokenizers/huggingface_tokenizer.h"
+#include "training/tokenizers/sentencepiece_tokenizer.h"
+#include "training/tokenizers/utf8.h"
+
+namespace bridge::training::tokenizers {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+// The reference files, made once by the first test that needs them and kept in the build directory under the
+// script's digest (BRIDGE_TOKENIZER_REFERENCES), so that editing the script makes them again.
+const fs::path& references() {
+  static const fs::path directory = [] {
+    const fs::path dir = BRIDGE_TOKENIZER_REFERENCES;
+    if (!fs::exists(dir / "hard_text.json")) {
+      const std::string command = std::string(BRIDGE_TOOLS_PYTHON) + " " + BRIDGE_TOKENIZER_REFERENCES_SCRIPT +
+                                  " make " + dir.string() + " 2>&1";
+      if (std::system(command.c_str()) != 0) {
+        throw std::runtime_error(command +
+                                 " failed (scripts/install_deps.sh installs tokenizers and sentencepiece in "
+                                 ".venv)");
+      }
+    }
+    return dir;
+  }();
+  return directory;
+}
+
+nlohmann::json read_json(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open " + file.string());
+  return nlohmann::json::parse(in);
+}
+
+const std::vector<std::string>& hard_text() {
+  static const std::vector<std::string> lines =
+      read_json(references() / "hard_text.json").get<std::vector<std::string>>();
+  return lines;
+}
+
+std::string quoted(const std::string& text) { return nlohmann::json(text).dump(); }
+
+// Compares ids line by line; reports the first few differences with their text.
+void expect_same_ids(const std::string& what, const std::vector<std::vector<int64_t>>& expected,
+                     const std::function<std::vector<int64_t>(const std::string&)>& encode) {
+  const auto& lines = hard_text();
+  ASSERT_EQ(expected.size(), lines.size());
+  int reported = 0;
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::vector<int64_t> got = encode(lines[i]);
+    if (got == expected[i]) continue;
+    ++differing;
+    if (reported++ < 3) {
+      ADD_FAILURE() << what << ": line " << i << " " << quoted(lines[i])
+                    << "\n  library: " << nlohmann::json(expected[i]).dump()
+                    << "\n  bridge:  " << nlohmann::json(got).dump();
+    }
+  }
+  EXPECT_EQ(differing, 0u) << what << ": " << differing << " of " << lines.size() << " lines differ";
+}
+
+void expect_same_decoding(const std::string& what, const std::vector<std::vector<int64_t>>& ids,
+                          const std::vector<std::string>& expected, const Tokenizer& tokenizer) {
+  ASSERT_EQ(ids.size(), expected.size());
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::string got = tokenizer.decode(ids[i]);
+    if (got == expected[i]) continue;
+    if (differing++ < 3) {
+      ADD_FAILURE() << what << ": decoding line " << i << "\n  library: " << quoted(expected[i])
+                    << "\n  bridge:  " << quoted(got);
+    }
+  }
+  EXPECT_EQ(differing, 0u) << what << ": " << differing << " decodings differ";
+}
+
+class HuggingFaceReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HuggingFaceReference, IdsAndDecodingEqualTheLibrarys) {
+  const fs::path dir = references() / GetParam();
+  const nlohmann::json expected = read_json(dir / "expected.json");
+  const HuggingFaceTokenizer tokenizer(dir.string());
+  EXPECT_EQ(tokenizer.vocab_size(), expected["vocab_size"].get<int64_t>());
+  const auto ids = expected["ids"].get<std::vector<std::vector<int64_t>>>();
+  expect_same_ids(GetParam(), ids, [&](const std::string& line) { return tokenizer.encode(line, false); });
+  expect_same_ids(GetParam() + " with special tokens",
+                  expected["ids_with_special_tokens"].get<std::vector<std::vector<int64_t>>>(),
+                  [&](const std::string& line) { return tokenizer.encode(line); });
+  expect_same_decoding(GetParam(), ids, expected["decoded"].get<std::vector<std::string>>(), tokenizer);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceReference,
+                         ::testing::Values("llama3", "qwen2", "llama2", "mistral", "exotic", "roberta"));
+
+class SentencePieceReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SentencePieceReference, IdsAndDecodingEqualTheLibrarys) {
+  const fs::path dir = references() / GetParam();
+  const nlohmann::json expected = read_json(dir / "expected.json");
+  const SentencePieceTokenizer tokenizer((dir / "tokenizer.model").string());
+  EXPECT_EQ(tokenizer.vocab_size(), expected["vocab_size"].get<int64_t>());
+  EXPECT_EQ(tokenizer.eod(), expected["eos"].get<int64_t>());
+  EXPECT_EQ(tokenizer.bos(), std::optional<int64_t>(expected["bos"].get<int64_t>()));
+  const auto ids = expected["ids"].get<std::vector<std::vector<int64_t>>>();
+  expect_same_ids(GetParam(), ids, [&](const std::string& line) { return tokenizer.encode(line); });
+  expect_same_decoding(GetParam(), ids, expected["decoded"].get<std::vector<std::string>>(), tokenizer);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SentencePieceReference, ::testing::Values("sp_unigram", "sp_bpe"));
+
+TEST(HuggingFaceTokenizer, BosAndEosComeFromTokenizerConfig) {
+  const HuggingFaceTokenizer llama3((references() / "llama3").string());
+  const HuggingFaceTokenizer qwen2((references() / "qwen2" / "tokenizer.json").string());  // the file itself
+  ASSERT_TRUE(llama3.bos().has_value());
+  EXPECT_EQ(llama3.encode("hi").front(), *llama3.bos());  // Megatron's tokenize adds the BOS
+  EXPECT_EQ(llama3.decode({llama3.eod()}), "<|end_of_text|>");
+  EXPECT_FALSE(qwen2.bos().has_value());
+  EXPECT_EQ(qwen2.decode({qwen2.eod()}), "<|endoftext|>");
+  EXPECT_EQ(qwen2.encode("hi"), qwen2.encode("hi", false));  // no post-processor special tokens
+}
+
+TEST(HuggingFaceTokenizer, InvalidUtf8IsAnErrorNamingTheByte) {
+  const HuggingFaceTokenizer tokenizer((references() / "llama3").string());
+  EXPECT_THAT([&] { tokenizer.encode("ok \xC3\x28"); },
+              ThrowsMessage<std::invalid_argument>(HasSubstr("not valid UTF-8 at byte 3")));
+  EXPECT_THROW(tokenizer.decode({tokenizer.vocab_size()}), std::out_of_range);
+}
+
+// A copy of a reference tokenizer.json with one edit, in a scratch directory.
+class EditedTokenizer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("bridge_hf_tokenizer_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json root = read_json(references() / "llama3" / "tokenizer.json");
+    edit(root);
+    std::ofstream(dir_ / "tokenizer.json") << root.dump();
+    return dir_.string();
+  }
+  std::string error(const std::function<void(nlohmann::json&)>& edit) {
+    try {
+      HuggingFaceTokenizer tokenizer(write(edit));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  fs::path dir_;
+};
+
+TEST_F(EditedTokenizer, WhatBridgeDoesNotImplementIsRefusedWithItsJsonPath) {
+  EXPECT_THAT(error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][1]["type"] = "Punctuation"; }),
+              HasSubstr("pre_tokenizer.pretokenizers[1].type: the pre-tokenizer \"Punctuation\" is not implemented"));
+  EXPECT_THAT(error([](auto& j) {
+                j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AA=="}};
+              }),
+              HasSubstr("normalizer.type: the normalizer \"Precompiled\" is not implemented"));
+  EXPECT_THAT(error([](auto& j) { j["model"]["type"] = "Unigram"; }), HasSubstr("model.type"));
+  EXPECT_THAT(error([](auto& j) { j["model"]["dropout"] = 0.1; }), HasSubstr("model.dropout"));
+  EXPECT_THAT(error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(\\p{L}"; }),
+              HasSubstr("pre_tokenizer.pretokenizers[0].pattern: the pattern does not compile"));
+  EXPECT_THAT(error([](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Merged"; }),
+              HasSubstr("pre_tokenizer.pretokenizers[0].behavior"));
+  EXPECT_THAT(error([](auto& j) { j["decoder"]["frobnicate"] = true; }), HasSubstr("decoder.frobnicate"));
+  EXPECT_THAT(error([](auto& j) { j["model"]["merges"][0] = {"e", "not-a-token"}; }), HasSubstr("model.merges[0]"));
+  EXPECT_THAT(error([](auto& j) { j["truncation"] = {{"max_length", 8}}; }), HasSubstr("truncation"));
+}
+
+TEST_F(EditedTokenizer, MergesWrittenAsStringsReadAsPairs) {
+  // Files from tokenizers before 0.20 write "a b" merges; the same ids must come out.
+  const HuggingFaceTokenizer pairs((references() / "llama3").string());
+  const HuggingFaceTokenizer strings(write([](nlohmann::json& j) {
+    for (auto& merge : j["model"]["merges"]) merge = merge[0].get<std::string>() + " " + merge[1].get<std::string>();
+  }));
+  for (const std::string line : {"Hello world, it's 2024!", "naïve café 😀", "  spaced\n\nout  "}) {
+    EXPECT_EQ(strings.encode(line), pairs.encode(line)) << line;
+  }
+}
+
+std::string file_bytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+// bridge-preprocess-data's files against Megatron's preprocess_data.py loop with Megatron-Core's tokenizers
+// (tests/tools/megatron_preprocess.py: transformers' AutoTokenizer, sentencepiece), byte for byte.
+class PreprocessWithTokenizer : public EditedTokenizer,
+                                public ::testing::WithParamInterface<std::pair<std::string, std::string>> {};
+
+TEST_P(PreprocessWithTokenizer, WritesWhatMegatronWrites) {
+  const auto& [type, model] = GetParam();
+  const fs::path model_path = references() / model;
+  const fs::path input = dir_ / "corpus.jsonl";
+  {
+    std::ofstream out(input);
+    for (std::size_t i = 0; i < 400; ++i) out << nlohmann::json{{"text", hard_text()[i]}}.dump() << "\n";
+    out << nlohmann::json{{"text", ""}}.dump() << "\n";  // an empty document: [BOS] for some, nothing for others
+  }
+  const std::string command = std::string(BRIDGE_TOOLS_PYTHON) + " " + BRIDGE_MEGATRON_PREPROCESS + " " +
+                              input.string() + " " + (dir_ / "megatron").string() + " " + type + " " +
+                              model_path.string() + " --append-eod 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+
+  datasets::PreprocessConfig config;
+  config.input = input.string();
+  config.output_prefix = (dir_ / "bridge").string();
+  config.append_eod = true;
+  config.tokenizer.tokenizer_type = type;
+  config.tokenizer.tokenizer_model = model_path.string();
+  config.workers = 2;
+  const auto written = datasets::preprocess_data(config);
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0].documents, 401);
+  for (const char* extension : {".bin", ".idx"}) {
+    const std::string megatron = file_bytes(dir_ / (std::string("megatron_text_document") + extension));
+    ASSERT_FALSE(megatron.empty());
+    EXPECT_TRUE(file_bytes(dir_ / (std::string("bridge_text_document") + extension)) == megatron)
+        << type << " " << model << ": the " << extension << " files differ";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, PreprocessWithTokenizer,
+                         ::testing::Values(std::make_pair("HuggingFaceTokenizer", "llama3"),
+                                           std::make_pair("HuggingFaceTokenizer", "qwen2"),
+                                           std::make_pair("HuggingFaceTokenizer", "mistral"),
+                                           std::make_pair("SentencePieceTokenizer", "sp_bpe/tokenizer.model"),
+                                           std::make_pair("Llama2Tokenizer", "sp_unigram/tokenizer.model")),
+                         [](const auto& p) { return p.param.first + "_" + std::to_string(p.index); });
+
+TEST(Utf8, LossyReplacesMaximalSubpartsAsPythonDoes) {
+  // bytes.decode("utf-8", "replace") on each input (Python 3.11).
+  EXPECT_EQ(utf8::lossy("a\xE2\x82"), "a\xEF\xBF\xBD");                            // a truncated 3-byte sequence: one
+  EXPECT_EQ(utf8::lossy("\xE0\x80\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong: each byte
+  EXPECT_EQ(utf8::lossy("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate: each byte
+  EXPECT_EQ(utf8::lossy("\xF0\x9F\x98"), "\xEF\xBF\xBD");                          // a truncated emoji: one
+  EXPECT_EQ(utf8::lossy("ok \xF0\x9F\x98\x80"), "ok \xF0\x9F\x98\x80");
+  EXPECT_EQ(utf8::first_invalid("abcdefghij\xFF"), 10u);
+  EXPECT_EQ(utf8::first_invalid("abc"), std::string_view::npos);
+}
+
+}  // namespace
+}  // namespace bridge::training::tokenizers

@@ -1,0 +1,48 @@
+// The tokenizer a config names, by Megatron's --tokenizer-type names and Megatron-Bridge's TokenizerConfig fields
+// (training/tokenizers/config.py), from one table of types: what each needs and how it is built.
+//
+//   TokenizerConfig config;
+//   config.tokenizer_type = "HuggingFaceTokenizer";
+//   config.tokenizer_model = "checkpoints/llama3";  // a directory with tokenizer.json
+//   std::unique_ptr<Tokenizer> tokenizer = build_tokenizer(config);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "training/tokenizers/tokenizer.h"
+
+namespace bridge::training::tokenizers {
+
+struct TokenizerConfig {
+  /// ByteLevel (bridge's own: bytes as ids, no files), GPT2BPETokenizer, HuggingFaceTokenizer,
+  /// SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer.
+  std::string tokenizer_type = "ByteLevel";
+  /// HuggingFaceTokenizer: a directory with tokenizer.json, or the file; the SentencePiece types: tokenizer.model.
+  std::string tokenizer_model;
+  std::string vocab_file;                        ///< GPT2BPETokenizer: vocab.json
+  std::string merge_file;                        ///< GPT2BPETokenizer: merges.txt
+  std::optional<int64_t> vocab_size;             ///< NullTokenizer: the number of ids
+  std::optional<int64_t> null_tokenizer_eod_id;  ///< NullTokenizer: the EOD id (vocab_size - 1 when unset)
+};
+
+/// One row of the table: a type, what it is, and the TokenizerConfig fields it needs.
+struct TokenizerType {
+  std::string name;
+  std::string description;
+  std::vector<std::string> needs;  ///< field names, e.g. {"tokenizer_model"}
+};
+const std::vector<TokenizerType>& tokenizer_types();
+
+/// Checks that `config` names a known type and gives what it needs, without reading any file. Throws
+/// std::invalid_argument naming the field (with `prefix`, e.g. "--" for command-line flags or "tokenizer." for
+/// config keys) and the fix; suggests the closest type name for a typo.
+void validate_tokenizer_config(const TokenizerConfig& config, const std::string& prefix = "");
+
+/// The tokenizer `config` describes (validated first). Throws std::invalid_argument for a bad config or files.
+std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerConfig& config);
+
+}  // namespace bridge::training::tokenizers

@@ -1,0 +1,101 @@
+// PCRE2 behind Regex: one compiled pattern shared by all threads, with per-thread match data and JIT stack.
+#include "training/tokenizers/regex.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <memory>
+#include <stdexcept>
+
+namespace bridge::training::tokenizers {
+namespace {
+
+std::string pcre2_message(int code) {
+  PCRE2_UCHAR buffer[256];
+  pcre2_get_error_message(code, buffer, sizeof(buffer));
+  return reinterpret_cast<const char*>(buffer);
+}
+
+// One thread's scratch: the match data (one pair of offsets: only whole matches are used) and a JIT stack large
+// enough for look-aheads over long whitespace runs.
+struct ThreadScratch {
+  pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
+  pcre2_match_context* context = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+  ThreadScratch() {
+    if (data == nullptr || context == nullptr || stack == nullptr) throw std::bad_alloc();
+    pcre2_jit_stack_assign(context, nullptr, stack);
+  }
+  ~ThreadScratch() {
+    pcre2_jit_stack_free(stack);
+    pcre2_match_context_free(context);
+    pcre2_match_data_free(data);
+  }
+  ThreadScratch(const ThreadScratch&) = delete;
+  ThreadScratch& operator=(const ThreadScratch&) = delete;
+};
+
+ThreadScratch& scratch() {
+  thread_local ThreadScratch instance;
+  return instance;
+}
+
+}  // namespace
+
+Regex::Regex(std::string pattern, std::string where) : pattern_(std::move(pattern)), where_(std::move(where)) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
+  if (code == nullptr) {
+    throw std::invalid_argument(where_ + ": the pattern does not compile as a regular expression (" +
+                                pcre2_message(error) + " at offset " + std::to_string(offset) + "): " + pattern_);
+  }
+  code_ = code;
+  jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+}
+
+Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+
+void Regex::find_all(std::string_view text, std::vector<Match>& matches) const {
+  auto* code = static_cast<pcre2_code*>(code_);
+  ThreadScratch& local = scratch();
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  // Oniguruma's find_iter, which tokenizers uses: an empty match is reported and the search moves one character on;
+  // an empty match right where a non-empty one ended is skipped.
+  PCRE2_SIZE start = 0;
+  bool skip_empty_at_start = false;
+  while (start <= text.size()) {
+    const int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), start, 0, local.data, local.context)
+                        : pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, local.data, local.context);
+    if (rc == PCRE2_ERROR_NOMATCH) return;
+    if (rc < 0) {
+      throw std::runtime_error(where_ + ": matching the pattern failed (" + pcre2_message(rc) + ") at byte " +
+                               std::to_string(start) + " of a " + std::to_string(text.size()) + "-byte text");
+    }
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(local.data);
+    const std::size_t begin = ovector[0], end = ovector[1];
+    if (end > begin) {
+      matches.push_back({begin, end});
+      start = end;
+      skip_empty_at_start = true;
+      continue;
+    }
+    if (!(skip_empty_at_start && begin == start)) matches.push_back({begin, end});
+    skip_empty_at_start = false;
+    start = end + 1;
+    while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) ++start;
+  }
+}
+
+std::string regex_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() * 2);
+  for (const char c : text) {
+    if (std::string_view("\\^$.|?*+()[]{}-/#&~ ").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace bridge::training::tokenizers
