@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Tokenizing speed: bridge-preprocess-data end to end (JSON lines in, .bin/.idx out) against the Python libraries'
+# own batch encoders on the same texts already in memory (tokenizers' encode_batch, tiktoken's
+# encode_ordinary_batch, sentencepiece's encode), at 1 and 2 threads, on one corpus and one tokenizer per row:
+#   gpt2-bpe   bridge's GPT2BPETokenizer (vocab.json + merges.txt) | tokenizers, tiktoken on the same 16k BPE
+#   hf-bpe     bridge's HuggingFaceTokenizer on that BPE's tokenizer.json | the same
+#   sp-bpe     bridge's SentencePieceTokenizer (libsentencepiece) | the sentencepiece package, a 16k BPE model
+# bench/tokenizer_bench.py makes the corpus (English from /usr/share/doc, 20 MB by default) and trains the tokenizers
+# with the real libraries. Each row prints MB/s of text (median of --rounds, min-max), and whether every id of each
+# side equals the library's (the sha256 of the ids as .bin holds them). Builds nothing: build bridge-preprocess-data.
+#
+# Usage: bench/run_tokenizer_bench.sh [--build DIR] [--megabytes N] [--rounds N] [--work DIR] [--rows "gpt2-bpe ..."]
+set -euo pipefail
+build=build
+megabytes=20
+rounds=3
+work=/tmp/bridge_tokenizer_bench
+rows="gpt2-bpe hf-bpe sp-bpe"
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --megabytes) megabytes=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --rows) rows=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.."
+python=.venv/bin/python
+preprocess="$build/tools/bridge-preprocess-data"
+[[ -x "$preprocess" ]] || { echo "no $preprocess: cmake --build $build --target bridge-preprocess-data" >&2; exit 1; }
+mkdir -p "$work"
+corpus="$work/corpus_${megabytes}mb.jsonl"
+[[ -s "$corpus" ]] || "$python" bench/tokenizer_bench.py corpus "$corpus" "$megabytes"
+[[ -s "$work/sp/tokenizer.model" ]] || "$python" bench/tokenizer_bench.py train "$corpus" "$work"
+bytes=$("$python" -c "import json,sys; print(sum(len(json.loads(l)['text'].encode()) for l in open(sys.argv[1])))" "$corpus")
+echo "corpus: $corpus, $bytes bytes of text; CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
+
+# bridge: one end-to-end run; prints "mb_per_s sha256" of its .bin.
+bridge_run() {  # type threads flags...
+  local type=$1 threads=$2
+  shift 2
+  local start end
+  start=$(date +%s.%N)
+  "$preprocess" --input "$corpus" --output-prefix "$work/out" --append-eod --workers "$threads" --log-interval 0 \
+    --tokenizer-type "$type" "$@" >/dev/null
+  end=$(date +%s.%N)
+  echo "$(awk -v b="$bytes" -v s="$start" -v e="$end" 'BEGIN { printf "%.2f", b / (e - s) / 1e6 }')" \
+    "$(sha256sum "$work/out_text_document.bin" | cut -d' ' -f1)"
+}
+library_run() {  # library threads
+  RAYON_NUM_THREADS=$2 TOKENIZERS_PARALLELISM=true "$python" bench/tokenizer_bench.py time "$corpus" "$work" "$1" "$2" |
+    sed -n 's/.*mb_per_s=\([0-9.]*\).*sha256=\([0-9a-f]*\).*/\1 \2/p'
+}
+summary() {  # values...: "median (min-max)"
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f (%.2f-%.2f)", v[int((NR + 1) / 2)], v[1], v[NR] }'
+}
+
+printf "%-9s %-8s %-22s %-22s %-22s %s\n" row threads bridge tokenizers/sentencepiece tiktoken "ids equal"
+for row in $rows; do
+  case $row in
+    gpt2-bpe) flags=(GPT2BPETokenizer --vocab-file "$work/bpe/vocab.json" --merge-file "$work/bpe/merges.txt")
+              libraries=(tokenizers tiktoken) ;;
+    hf-bpe) flags=(HuggingFaceTokenizer --tokenizer-model "$work/bpe"); libraries=(tokenizers tiktoken) ;;
+    sp-bpe) flags=(SentencePieceTokenizer --tokenizer-model "$work/sp/tokenizer.model"); libraries=(sentencepiece) ;;
+  esac
+  for threads in 1 2; do
+    declare -A speeds=() digests=()
+    for ((r = 0; r < rounds; r++)); do
+      read -r speed digest < <(bridge_run "${flags[0]}" "$threads" "${flags[@]:1}")
+      speeds[bridge]+="$speed "; digests[bridge]=$digest
+      for library in "${libraries[@]}"; do
+        read -r speed digest < <(library_run "$library" "$threads")
+        speeds[$library]+="$speed "; digests[$library]=$digest
+      done
+    done
+    equal=yes
+    for library in "${libraries[@]}"; do [[ ${digests[$library]} == "${digests[bridge]}" ]] || equal="NO ($library)"; done
+    # shellcheck disable=SC2086
+    printf "%-9s %-8s %-22s %-22s %-22s %s\n" "$row" "$threads" "$(summary ${speeds[bridge]})" \
+      "$(summary ${speeds[${libraries[0]}]})" \
+      "$( [[ ${#libraries[@]} -gt 1 ]] && summary ${speeds[tiktoken]} || echo -)" "$equal"
+    unset speeds digests
+  done
+done
