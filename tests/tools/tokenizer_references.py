@@ -12,7 +12,8 @@ those libraries do, each in DIR/<name>/, shaped like the files of the models peo
   exotic      a pipeline of the rarer stages: NFKD, StripAccents, Lowercase, Replace and Strip normalizers,
               WhitespaceSplit, Digits and Split behaviours, Metaspace with split, <unk>, and added tokens with lstrip,
               rstrip, single_word and normalized
-  roberta     byte-level BPE with add_prefix_space and GPT-2's own split, RobertaProcessing, an lstrip <mask>
+  roberta     byte-level BPE with add_prefix_space and GPT-2's own split, RobertaProcessing, an lstrip <mask>, an
+              rstrip <m> beside a " \n" token
   sp_unigram  a SentencePiece unigram model (tokenizer.model)
   sp_bpe      a SentencePiece BPE model with byte fallback
 Then DIR/hard_text.json: a few thousand lines of hard text (mixed scripts, emoji, digit and whitespace runs,
@@ -93,7 +94,11 @@ def hard_text():
     lines = [hard_line(rng) for _ in range(2500)]
     # Edge cases by hand: empty, only whitespace, only specials, a long run of each kind.
     lines += ["", " ", "\n", "   ", "<|endoftext|>", " <|endoftext|> ", "a" * 300, "1" * 100, " " * 50 + "x",
-              "\n" * 20, "😀" * 40, "ab" * 200, "<s>" * 5, "▁", "▁▁ ▁", "<0x0A>"]
+              "\n" * 20, "😀" * 40, "ab" * 200, "<s>" * 5, "▁", "▁▁ ▁", "<0x0A>",
+              # U+180E is not White_Space (Oniguruma, Rust) though PCRE2's \s takes it; joiners, marks and
+              # superscripts around a single_word token; an rstrip token before a whitespace token.
+              "a \u180e\u180eb", "\u180e\u180e\u180ea", "a\u180eb c", "\u200dthe", "the\u200c", "\u0301the x",
+              "x²the", "<m> \nx", "a<m>\n\nb", "<m>  \n"]
     return lines
 
 
@@ -194,6 +199,8 @@ def roberta():
                                   show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(corpus(), trainer)
     tokenizer.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True, normalized=False)])
+    # An rstrip token and a whitespace token that starts inside what it strips: the library emits both.
+    tokenizer.add_tokens([AddedToken("<m>", rstrip=True, normalized=False), AddedToken(" \n", normalized=False)])
     tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     return tokenizer
 

@@ -13,12 +13,12 @@ namespace {
 
 bool is_white_space(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)) != 0; }
 
-// Rust's char::is_alphanumeric (Alphabetic or a number category) or '_': what single_word treats as part of a word.
+// The Rust regex crate's \w, which single_word's word-boundary test uses: Alphabetic, marks, decimal digits,
+// connector punctuation and the joiners.
 bool is_word_char(char32_t c) {
-  if (c == U'_') return true;
-  if (u_isUAlphabetic(static_cast<UChar32>(c))) return true;
-  const auto type = u_charType(static_cast<UChar32>(c));
-  return type == U_DECIMAL_DIGIT_NUMBER || type == U_LETTER_NUMBER || type == U_OTHER_NUMBER;
+  const auto code = static_cast<UChar32>(c);
+  if (u_hasBinaryProperty(code, UCHAR_ALPHABETIC) || u_hasBinaryProperty(code, UCHAR_JOIN_CONTROL)) return true;
+  return (U_GET_GC_MASK(code) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0;
 }
 
 // The last character of text[0, end), decoded backwards.
@@ -104,7 +104,9 @@ void AddedVocabulary::split(std::string_view text, bool normalized, std::vector<
       }
       const AddedToken& token = tokens_[static_cast<std::size_t>(index)];
       std::size_t start = i, stop = i + length;
-      i = stop;  // matches never overlap, whatever the rules below decide
+      // The next match is searched from this match's end, even where rstrip takes the whitespace after it: a token
+      // that starts in that whitespace is still found (the library's iterator works on the raw matches).
+      i = stop;
       if (token.single_word) {
         char32_t c = 0;
         std::size_t at = 0;
@@ -130,7 +132,6 @@ void AddedVocabulary::split(std::string_view text, bool normalized, std::vector<
       if (start_offset < start) segments.push_back({-1, start_offset, start});
       segments.push_back({token.id, start, stop});
       start_offset = stop;
-      i = std::max(i, stop);
     }
   }
   if (start_offset < text.size() || segments.empty()) segments.push_back({-1, start_offset, text.size()});

@@ -44,6 +44,12 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
     if (id < 0) throw std::invalid_argument(where + ".vocab: token \"" + token + "\" has a negative id");
     max_id = std::max(max_id, id);
   }
+  // Checked before the id -> token table is sized by it.
+  if (static_cast<std::size_t>(max_id) + 1 != vocab_.size()) {
+    throw std::invalid_argument(where + ".vocab: the ids are not contiguous (" + std::to_string(vocab_.size()) +
+                                " tokens, the largest id " + std::to_string(max_id) +
+                                "); bridge sizes embeddings and token files by the vocabulary");
+  }
   tokens_.assign(static_cast<std::size_t>(max_id + 1), std::string());
   has_token_.assign(tokens_.size(), false);
   for (const auto& [token, id] : vocab_) {
@@ -52,7 +58,8 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
   }
   const std::size_t prefix_length = options_.continuing_subword_prefix ? options_.continuing_subword_prefix->size() : 0;
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
+    const std::string& left = merges[rank].first;  // named, not bound: clang's C++17 lambdas cannot capture bindings
+    const std::string& right = merges[rank].second;
     const auto left_id = token_to_id(left), right_id = token_to_id(right);
     const auto merge_name = [&] {
       return where + ".merges[" + std::to_string(rank) + "] (\"" + left + "\", \"" + right + "\")";
@@ -80,12 +87,9 @@ BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
     if (const auto id = token_to_id(name)) byte_tokens_[static_cast<std::size_t>(b)] = *id;
   }
-  if (options_.unk_token) {
-    unk_id_ = token_to_id(*options_.unk_token);
-    if (!unk_id_) {
-      throw std::invalid_argument(where + ".unk_token: \"" + *options_.unk_token + "\" is not in the vocabulary");
-    }
-  }
+  // An unk_token outside the vocabulary is an error only when a character needs it, as in the library.
+  if (options_.unk_token) unk_id_ = token_to_id(*options_.unk_token);
+  where_ = where;
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
@@ -134,6 +138,10 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) cons
         for (const char b : piece) add(byte_tokens_[static_cast<unsigned char>(b)], 1);
         continue;
       }
+    }
+    if (options_.unk_token && !unk_id_) {
+      throw std::invalid_argument(where_ + ".unk_token: \"" + *options_.unk_token +
+                                  "\" is not in the vocabulary, and the text has a character the vocabulary lacks");
     }
     if (unk_id_) {
       if (unk >= 0 && options_.fuse_unk) {

@@ -30,7 +30,7 @@ struct BpeOptions {
 class BpeModel {
  public:
   /// `merges` in rank order, each a pair of vocabulary tokens whose concatenation is in the vocabulary too. Throws
-  /// std::invalid_argument naming `where` (the JSON path) for a merge or an unk_token outside the vocabulary.
+  /// std::invalid_argument naming `where` (the JSON path) for a merge outside the vocabulary or ids with gaps.
   BpeModel(std::unordered_map<std::string, int32_t> vocab,
            const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options,
            const std::string& where);
@@ -57,6 +57,7 @@ class BpeModel {
   std::array<int32_t, 256> byte_tokens_{};  // <0xXX> ids, -1 where missing (byte_fallback)
   BpeOptions options_;
   std::optional<int32_t> unk_id_;
+  std::string where_;  // the JSON path, for errors while encoding
 
   static constexpr std::size_t kCacheShards = 64;
   static constexpr std::size_t kCacheEntriesPerShard = 4096;

@@ -170,8 +170,11 @@ class StripAccents : public Normalizer {
       const std::size_t start = i;
       char32_t c = 0;
       if (!utf8::next(text, i, c)) return;
-      const auto type = u_charType(static_cast<UChar32>(c));
-      if (type == U_NON_SPACING_MARK || type == U_COMBINING_SPACING_MARK || type == U_ENCLOSING_MARK) continue;
+      // A combining mark as Unicode 9.0 knew them (the library's tables): a later mark stays.
+      UVersionInfo age;
+      u_charAge(static_cast<UChar32>(c), age);
+      const bool known_in_9 = age[0] < 9 || (age[0] == 9 && age[1] == 0);
+      if (known_in_9 && (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_M_MASK) != 0) continue;
       out.append(text, start, i - start);
     }
     text = std::move(out);
@@ -217,6 +220,7 @@ std::unique_ptr<Regex> make_pattern(const nlohmann::json& pattern, const std::st
 
 /// Replaces each match of `pattern` in `text` by `content`.
 void replace_all(const Regex& pattern, const std::string& content, std::string& text) {
+  if (text.empty()) return;  // the library finds no match in an empty string, even for a pattern matching ""
   std::vector<Regex::Match> matches;
   pattern.find_all(text, matches);
   if (matches.empty()) return;

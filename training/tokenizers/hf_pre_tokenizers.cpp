@@ -35,6 +35,7 @@ void find_spans(const Regex& pattern, const std::string& text, bool invert, std:
   spans.clear();
   thread_local std::vector<Regex::Match> matches;
   matches.clear();
+  if (matches.capacity() > (1u << 20)) matches.shrink_to_fit();  // a huge document's matches are not kept around
   pattern.find_all(text, matches);
   std::size_t previous = 0;
   for (const Regex::Match& match : matches) {
@@ -128,7 +129,8 @@ class ByteLevel : public PreTokenizer {
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     if (add_prefix_space_) {
       for (Piece& piece : pieces) {
-        if (piece.text.empty() || piece.text[0] != ' ') piece.text.insert(0, " ");
+        if (!piece.text.empty() && piece.text[0] != ' ')
+          piece.text = " " + piece.text;  // "" stays "", as in the library
       }
     }
     if (use_regex_) {

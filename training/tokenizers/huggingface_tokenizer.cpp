@@ -1,10 +1,12 @@
 // Loading tokenizer.json (and the BOS/EOS names beside it) and running tokenizers' encode and decode pipelines.
 #include "training/tokenizers/huggingface_tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "training/tokenizers/added_vocabulary.h"
 #include "training/tokenizers/bpe_model.h"
@@ -47,7 +49,10 @@ std::optional<std::string> optional_string(const nlohmann::json& object, const s
 }
 
 std::unique_ptr<BpeModel> make_model(const nlohmann::json& model, const std::string& path) {
-  const std::string type = hf::type_of(model, path);
+  // A model without "type" is read by its fields, as the library's untagged fallback does (old files).
+  const std::string type = model.is_object() && !model.contains("type") && model.contains("merges")
+                               ? std::string("BPE")
+                               : hf::type_of(model, path);
   if (type != "BPE") {
     throw hf::unsupported(path + ".type", "the model \"" + type +
                                               "\" is not implemented (bridge runs BPE tokenizer.json files; a "
@@ -80,6 +85,7 @@ std::unique_ptr<BpeModel> make_model(const nlohmann::json& model, const std::str
     const nlohmann::json& merge = merges_json[i];
     if (merge.is_string()) {  // "a b", as files written before tokenizers 0.20
       const std::string text = merge.get<std::string>();
+      if (text.rfind("#version", 0) == 0) continue;  // a merges.txt header kept in the list, which the library skips
       const std::size_t space = text.find(' ');
       if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
         throw hf::unsupported(path + ".merges[" + std::to_string(i) + "]",
@@ -163,19 +169,31 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : path_(path
         settle_added_tokens(read_added_tokens(root.value("added_tokens", nlohmann::json()), "added_tokens")));
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("HuggingFaceTokenizer: " + where + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type somewhere
+    throw std::invalid_argument("HuggingFaceTokenizer: " + where + ": a field has the wrong type: " + e.what());
   }
 
-  // len(tokenizer): the model's entries and the added tokens that are not among them.
+  // len(tokenizer): the model's entries and the distinct added tokens that are not among them.
   vocab_size_ = model_->entries();
   int64_t largest = model_->size() - 1;
+  std::unordered_set<std::string> counted;
   for (const AddedToken& token : added_->tokens()) {
-    if (!model_->token_to_id(token.content)) ++vocab_size_;
+    if (!model_->token_to_id(token.content) && counted.insert(token.content).second) ++vocab_size_;
     largest = std::max(largest, token.id);
   }
   if (largest >= vocab_size_) {
     throw std::invalid_argument("HuggingFaceTokenizer: " + where + ": the ids are not contiguous (id " +
                                 std::to_string(largest) + " in a vocabulary of " + std::to_string(vocab_size_) +
                                 "); bridge sizes embeddings and token files by the vocabulary size");
+  }
+  if (post_processor_) {
+    for (const int64_t id : post_processor_->process({})) {
+      if (id < 0 || id >= vocab_size_) {
+        throw std::invalid_argument("HuggingFaceTokenizer: " + where + ": post_processor adds the id " +
+                                    std::to_string(id) + ", which is not in the vocabulary (" +
+                                    std::to_string(vocab_size_) + " ids)");
+      }
+    }
   }
 
   // BOS and EOS as transformers names them: tokenizer_config.json, else special_tokens_map.json.
@@ -204,6 +222,8 @@ std::vector<AddedToken> HuggingFaceTokenizer::settle_added_tokens(std::vector<Ad
   // past both the model's entries and the added tokens so far (the same ids for any file the library wrote).
   std::unordered_map<std::string, int64_t> assigned;
   int64_t largest_added = -1;
+  tokens.erase(std::remove_if(tokens.begin(), tokens.end(), [](const AddedToken& t) { return t.content.empty(); }),
+               tokens.end());  // the library ignores a token without content
   for (AddedToken& token : tokens) {
     if (const auto earlier = assigned.find(token.content); earlier != assigned.end()) {
       token.id = earlier->second;

@@ -4,6 +4,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cctype>
 #include <memory>
 #include <stdexcept>
 
@@ -40,13 +41,70 @@ ThreadScratch& scratch() {
   return instance;
 }
 
+bool is_hex(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+
 }  // namespace
 
+std::string oniguruma_to_pcre2(const std::string& pattern, const std::string& where) {
+  const auto refuse = [&](const std::string& what) {
+    return std::invalid_argument(where + ": " + what + " in the pattern " + pattern +
+                                 " means something else to PCRE2, which bridge matches with; such a pattern is not "
+                                 "supported");
+  };
+  std::string out;
+  out.reserve(pattern.size() + 32);
+  int in_class = 0;  // depth of [...]
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 's') {
+        out += "\\p{White_Space}";  // Unicode White_Space, as Oniguruma's \s (PCRE2's also takes U+180E)
+      } else if (e == 'S') {
+        out += "\\P{White_Space}";
+      } else if (e == 'h') {  // Ruby syntax: a hex digit (PCRE2: horizontal space)
+        out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
+      } else if (e == 'H') {
+        if (in_class) throw refuse("\\H inside a character class");
+        out += "[^0-9a-fA-F]";
+      } else if (e == 'u' && i + 4 < pattern.size() && is_hex(pattern[i + 1]) && is_hex(pattern[i + 2]) &&
+                 is_hex(pattern[i + 3]) && is_hex(pattern[i + 4])) {
+        out += "\\x{" + pattern.substr(i + 1, 4) + "}";
+        i += 4;
+      } else {
+        out += '\\';
+        out += e;
+      }
+      continue;
+    }
+    if (c == '[') {
+      if (in_class && !(i + 1 < pattern.size() && pattern[i + 1] == ':')) throw refuse("a nested character class");
+      if (!in_class) {
+        ++in_class;
+        out += c;
+        // A ']' first in the class (after an optional '^') is a literal to both engines.
+        if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+        if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+        continue;
+      }
+    } else if (c == ']' && in_class) {
+      --in_class;
+    } else if (c == '&' && in_class && i + 1 < pattern.size() && pattern[i + 1] == '&') {
+      throw refuse("a class intersection (&&)");
+    }
+    out += c;
+  }
+  return out;
+}
+
 Regex::Regex(std::string pattern, std::string where) : pattern_(std::move(pattern)), where_(std::move(where)) {
+  const std::string translated = oniguruma_to_pcre2(pattern_, where_);
   int error = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
+  // MULTILINE: in Oniguruma's Ruby syntax, which tokenizers uses, ^ and $ match at every line's start and end.
+  pcre2_code* code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
   if (code == nullptr) {
     throw std::invalid_argument(where_ + ": the pattern does not compile as a regular expression (" +
                                 pcre2_message(error) + " at offset " + std::to_string(offset) + "): " + pattern_);
@@ -66,8 +124,11 @@ void Regex::find_all(std::string_view text, std::vector<Match>& matches) const {
   PCRE2_SIZE start = 0;
   bool skip_empty_at_start = false;
   while (start <= text.size()) {
-    const int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), start, 0, local.data, local.context)
-                        : pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, local.data, local.context);
+    int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), start, 0, local.data, local.context)
+                  : pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, local.data, local.context);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {  // the interpreter keeps its backtracking on the heap instead
+      rc = pcre2_match(code, subject, text.size(), start, PCRE2_NO_JIT | PCRE2_NO_UTF_CHECK, local.data, local.context);
+    }
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
       throw std::runtime_error(where_ + ": matching the pattern failed (" + pcre2_message(rc) + ") at byte " +

@@ -19,9 +19,9 @@ class Regex {
     std::size_t begin = 0, end = 0;  ///< byte offsets
   };
 
-  /// Compiles `pattern` in UTF mode with Unicode properties (\s, \w, \d and case-folding follow Unicode, as in the
-  /// Oniguruma engine that Hugging Face tokenizers uses). Throws std::invalid_argument naming `where`, the PCRE2
-  /// message and the offset in the pattern when it does not compile.
+  /// Compiles `pattern` (Oniguruma syntax, translated by oniguruma_to_pcre2) in UTF mode with Unicode properties
+  /// (\w, \d and case-folding follow Unicode, as in the Oniguruma engine that Hugging Face tokenizers uses). Throws
+  /// std::invalid_argument naming `where`, the PCRE2 message and the offset in the pattern when it does not compile.
   Regex(std::string pattern, std::string where);
   ~Regex();
   Regex(const Regex&) = delete;
@@ -38,6 +38,11 @@ class Regex {
   void* code_ = nullptr;  // pcre2_code_8, kept out of this header
   bool jit_ = false;
 };
+
+/// `pattern` (Oniguruma's Ruby syntax, as tokenizer.json files are written for) in PCRE2's: \s and \S as Unicode
+/// White_Space, \h as a hex digit, \uHHHH as a code point. Throws std::invalid_argument naming `where` for what PCRE2
+/// would read differently and cannot be rewritten (class intersections, nested classes).
+std::string oniguruma_to_pcre2(const std::string& pattern, const std::string& where);
 
 /// `text` with every regex metacharacter escaped, so that Regex matches it literally.
 std::string regex_escape(std::string_view text);

@@ -1,13 +1,21 @@
 // SentencePieceProcessor behind the Tokenizer interface.
 #include "training/tokenizers/sentencepiece_tokenizer.h"
 
-#include <sentencepiece_processor.h>
-
 #include <stdexcept>
 
 #include "training/tokenizers/utf8.h"
 
+#if BRIDGE_WITH_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#else
+namespace sentencepiece {
+class SentencePieceProcessor {};  // never made: the constructor below refuses first
+}  // namespace sentencepiece
+#endif
+
 namespace bridge::training::tokenizers {
+
+#if BRIDGE_WITH_SENTENCEPIECE
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, std::string type_name)
     : model_file_(model_file),
@@ -62,5 +70,22 @@ std::optional<int64_t> SentencePieceTokenizer::bos() const {
   if (bos < 0) return std::nullopt;
   return bos;
 }
+
+#else
+
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, std::string type_name)
+    : model_file_(model_file), type_name_(std::move(type_name)) {
+  throw std::invalid_argument(type_name_ +
+                              ": this bridge was built without SentencePiece: its LibTorch links the "
+                              "system's libprotobuf, which cannot share a process with libsentencepiece's "
+                              "own copy (Debian's LibTorch 1.13 does); build against the torch wheel");
+}
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view) const { return {}; }
+std::string SentencePieceTokenizer::decode(const std::vector<int64_t>&) const { return {}; }
+int64_t SentencePieceTokenizer::eod() const { return -1; }
+std::optional<int64_t> SentencePieceTokenizer::bos() const { return std::nullopt; }
+
+#endif
 
 }  // namespace bridge::training::tokenizers
