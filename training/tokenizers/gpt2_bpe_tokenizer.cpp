@@ -2,7 +2,6 @@
 #include "training/tokenizers/gpt2_bpe_tokenizer.h"
 
 #include <algorithm>
-#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -11,6 +10,7 @@
 #include <utility>
 
 #include "training/tokenizers/bpe_model.h"
+#include "training/tokenizers/hf_components.h"
 #include "training/tokenizers/unicode_classes.h"
 #include "training/tokenizers/utf8.h"
 
@@ -27,21 +27,6 @@ char32_t next_code_point(std::string_view text, std::size_t& i) {
                                 "; convert the input to UTF-8");
   }
   return c;
-}
-
-// GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100 onwards, so
-// every byte becomes a visible character and BPE never sees whitespace or control characters.
-const std::array<std::string, 256>& byte_encoder() {
-  static const std::array<std::string, 256> table = [] {
-    std::array<std::string, 256> result;
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      utf8::append(printable ? static_cast<char32_t>(b) : next++, result[static_cast<std::size_t>(b)]);
-    }
-    return result;
-  }();
-  return table;
 }
 
 enum class CharClass { kLetter, kNumber, kWhitespace, kOther };
@@ -171,7 +156,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
   }
   // Every byte's character must be a token, or some text would have no ids.
   for (int b = 0; b < 256; ++b) {
-    const std::string& character = byte_encoder()[static_cast<std::size_t>(b)];
+    const std::string& character = hf::byte_level_char(static_cast<unsigned char>(b));
     if (encoder.find(character) == encoder.end()) {
       throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " has no token for byte " + std::to_string(b) +
                                " (\"" + character + "\"); a byte-level BPE vocabulary holds all 256");
@@ -187,27 +172,17 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
 GPT2BPETokenizer::~GPT2BPETokenizer() = default;
 
 std::vector<int64_t> GPT2BPETokenizer::encode(std::string_view text) const {
-  const auto& bytes_to_unicode = byte_encoder();
   std::vector<int64_t> ids;
   std::string word;
   for (const std::string_view piece : pre_tokenize(text)) {
     word.clear();
-    for (const char byte : piece) word += bytes_to_unicode[static_cast<unsigned char>(byte)];
+    for (const char byte : piece) word += hf::byte_level_char(static_cast<unsigned char>(byte));
     model_->tokenize(word, ids);
   }
   return ids;
 }
 
 std::string GPT2BPETokenizer::decode(const std::vector<int64_t>& ids) const {
-  static const std::unordered_map<char32_t, unsigned char> unicode_to_bytes = [] {
-    std::unordered_map<char32_t, unsigned char> result;
-    const auto& table = byte_encoder();
-    for (int b = 0; b < 256; ++b) {
-      std::size_t i = 0;
-      result.emplace(next_code_point(table[static_cast<std::size_t>(b)], i), static_cast<unsigned char>(b));
-    }
-    return result;
-  }();
   std::string text;
   for (const int64_t id : ids) {
     if (id < 0 || id >= vocab_size()) {
@@ -216,12 +191,12 @@ std::string GPT2BPETokenizer::decode(const std::vector<int64_t>& ids) const {
     }
     const std::string& token = decoder_[static_cast<std::size_t>(id)];
     for (std::size_t i = 0; i < token.size();) {
-      const auto byte = unicode_to_bytes.find(next_code_point(token, i));
-      if (byte == unicode_to_bytes.end()) {
+      const int byte = hf::byte_level_byte(next_code_point(token, i));
+      if (byte < 0) {
         throw std::runtime_error("GPT2BPETokenizer::decode: token " + std::to_string(id) + " (\"" + token +
                                  "\") holds a character outside GPT-2's byte alphabet");
       }
-      text += static_cast<char>(byte->second);
+      text += static_cast<char>(byte);
     }
   }
   return text;
