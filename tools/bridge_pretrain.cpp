@@ -22,6 +22,7 @@
 #include "tools/tiny_recipe.h"
 #include "training/config/config_yaml.h"
 #include "training/preflight.h"
+#include "training/tokenizer_setup.h"
 #include "training/utils/theoretical_memory.h"
 #include "utils/durable_file.h"
 #include "utils/exception_message.h"
@@ -120,12 +121,17 @@ void adopt_hf_architecture(ConfigContainer& config, const cxxopts::ParseResult& 
 }
 
 // The config the command line describes: the recipe (or the embedded one), then the overrides in order; with an
-// hf:<dir> start, the directory's model.
+// hf:<dir> start, the directory's model; then what the tokenizer decides (model.vocab_size, dataset.eod_token_id).
 ConfigContainer resolve_config(const cxxopts::ParseResult& args) {
   ConfigContainer config = args.count("config") ? load_config_yaml(args["config"].as<std::string>())
                                                 : load_config_yaml_string(tools::kTinyRecipeYaml, "<tiny recipe>");
   apply_overrides(config, args);
   adopt_hf_architecture(config, args);
+  try {
+    setup_tokenizer(config);
+  } catch (const std::exception& error) {
+    throw ConfigError(bridge::utils::describe(error));
+  }
   return config;
 }
 
@@ -170,15 +176,22 @@ std::shared_ptr<CallbackManager> make_callbacks(const ConfigContainer& config, R
       [&config](CallbackContext&) {
         const std::string data = config.dataset.data_path.empty() ? std::string("mock data (random tokens)")
                                                                   : bridge::utils::join(config.dataset.data_path, ", ");
+        const tokenizers::TokenizerConfig& tokenizer = config.tokenizer;
+        const std::string vocab = std::to_string(config.model.vocab_size);
+        const std::string tokens =
+            tokenizer.tokenizer_type.empty()
+                ? "none, vocab " + vocab
+                : tokenizer.tokenizer_type +
+                      (tokenizer.tokenizer_model.empty() ? "" : " " + tokenizer.tokenizer_model) + ", vocab " + vocab;
         std::printf(
             "bridge-pretrain: GPT of %lld layers, hidden %lld, ~%.2fM parameters | tp=%d pp=%d dp=%d | %lld steps of "
-            "%lld x %lld tokens | data: %s\n",
+            "%lld x %lld tokens | data: %s | tokenizer: %s\n",
             static_cast<long long>(config.model.num_layers), static_cast<long long>(config.model.hidden_size),
             bridge::training::utils::num_parameters(config.model, config.parallelism.tensor_model_parallel_size) / 1e6,
             parallel::get_tensor_model_parallel_world_size(), parallel::get_pipeline_model_parallel_world_size(),
             parallel::get_data_parallel_world_size(), static_cast<long long>(config.train.train_iters),
             static_cast<long long>(config.train.global_batch_size), static_cast<long long>(config.model.seq_length),
-            data.c_str());
+            data.c_str(), tokens.c_str());
       },
       "announce", RankFilter::kFirst);
   callbacks->register_callback(

@@ -14,6 +14,7 @@
 #include "training/datasets/gpt_dataset.h"
 #include "training/preflight.h"
 #include "training/pretrain_setup.h"
+#include "training/tokenizer_setup.h"
 #include "utils/exception_message.h"
 #include "utils/host_allocator.h"
 #include "utils/logging.h"
@@ -243,9 +244,12 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
 
 }  // namespace
 
-TrainState run_pretrain(const ConfigContainer& config, ForwardStepFn step_fn,
+TrainState run_pretrain(const ConfigContainer& user_config, ForwardStepFn step_fn,
                         std::shared_ptr<CallbackManager> callbacks) {
   if (!step_fn) throw std::invalid_argument("pretrain: step_fn is empty; pass gpt_forward_step or your own");
+  // The tokenizer decides the vocabulary and the EOD id before anything is sized by them.
+  ConfigContainer config = user_config;
+  setup_tokenizer(config);
   // Before the model and the first step allocate: each step's large blocks are then reused, not faulted in again.
   bridge::utils::logger().debug("host allocator: {}", bridge::utils::configure_host_allocator().detail);
   ParallelScope scope(config.parallelism);

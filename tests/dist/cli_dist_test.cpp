@@ -301,6 +301,23 @@ TEST_F(Cli, PrintConfigLoadsBackAndTheEmbeddedRecipeIsTheFile) {
   EXPECT_EQ(embedded.output, training::to_yaml(tiny));
 }
 
+TEST_F(Cli, TheTokenizerSectionSetsTheVocabularyAndEodBeforeAnyRankStarts) {
+  const RankResult printed =
+      run({"--print-config", "tokenizer.tokenizer_type=NullTokenizer", "tokenizer.vocab_size=500"});
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  const training::ConfigContainer config = training::load_config_yaml_string(printed.output, "--print-config");
+  EXPECT_EQ(config.model.vocab_size, 500);  // the tiny recipe's 257 is smaller
+  EXPECT_EQ(config.dataset.eod_token_id, 499);
+
+  const RankResult missing = run(quick({"tokenizer.tokenizer_type=HuggingFaceTokenizer"}));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_THAT(missing.output, HasSubstr("needs tokenizer.tokenizer_model"));
+  const RankResult small = run(quick({"tokenizer.tokenizer_type=NullTokenizer", "tokenizer.vocab_size=500",
+                                      "tokenizer.use_tokenizer_vocab_size=false"}));
+  EXPECT_EQ(small.exit_code, 2) << small.output;
+  EXPECT_THAT(small.output, HasSubstr("model.vocab_size (257) is smaller than the 500 ids"));
+}
+
 TEST_F(Cli, HelpListsEveryConfigKey) {
   const RankResult help = run({"--help"});
   ASSERT_EQ(help.exit_code, 0) << help.output;

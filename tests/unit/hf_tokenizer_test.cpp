@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "training/callbacks.h"
 #include "training/datasets/preprocess_data.h"
+#include "training/forward_step.h"
+#include "training/pretrain.h"
 #include "training/tokenizers/build_tokenizer.h"
 #include "training/tokenizers/huggingface_tokenizer.h"
 #include "training/tokenizers/sentencepiece_tokenizer.h"
@@ -266,6 +270,65 @@ INSTANTIATE_TEST_SUITE_P(Types, PreprocessWithTokenizer,
                                            std::make_pair("SentencePieceTokenizer", "sp_bpe/tokenizer.model"),
                                            std::make_pair("Llama2Tokenizer", "sp_unigram/tokenizer.model")),
                          [](const auto& p) { return p.param.first + "_" + std::to_string(p.index); });
+
+// What bridge-preprocess-data wrote with a tokenizer.json trains with that tokenizer as the run's: the model's
+// vocabulary and the EOD id come from it, and the TextGenerator writes through it.
+TEST_F(EditedTokenizer, DataItWroteTrainsWithItAsTheRunsTokenizer) {
+  const std::string model_dir = (references() / "llama3").string();
+  const HuggingFaceTokenizer tokenizer(model_dir);
+  const fs::path input = dir_ / "corpus.jsonl";
+  {
+    std::ofstream out(input);
+    for (std::size_t i = 0; i < 300; ++i) out << nlohmann::json{{"text", hard_text()[i]}}.dump() << "\n";
+  }
+  datasets::PreprocessConfig prepare;
+  prepare.input = input.string();
+  prepare.output_prefix = (dir_ / "corpus").string();
+  prepare.append_eod = true;
+  prepare.tokenizer.tokenizer_type = "HuggingFaceTokenizer";
+  prepare.tokenizer.tokenizer_model = model_dir;
+  ASSERT_EQ(datasets::preprocess_data(prepare).size(), 1u);
+
+  ConfigContainer config;
+  config.model.num_layers = 2;
+  config.model.hidden_size = 32;
+  config.model.num_attention_heads = 4;
+  config.model.seq_length = 32;
+  config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 2;
+  config.train.train_iters = 4;
+  config.train.num_threads = 1;
+  config.dataset.data_path = {(dir_ / "corpus_text_document").string()};
+  config.dataset.eod_mask_loss = true;
+  config.tokenizer.tokenizer_type = "HuggingFaceTokenizer";
+  config.tokenizer.tokenizer_model = model_dir;
+  TextGeneratorOptions generating;  // no tokenizer_type: the run's
+  generating.prompts = {"Hello world"};
+  generating.interval = 2;
+  generating.max_new_tokens = 5;
+  generating.stop_at_eod = false;
+  auto generator = std::make_shared<TextGenerator>(generating);
+  int64_t model_vocab = 0;
+  std::optional<int64_t> eod;
+  std::vector<double> losses;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->add(generator);
+  manager->register_callback("on_train_start", [&](CallbackContext& ctx) {
+    model_vocab = ctx.gpt().config().vocab_size;
+    eod = ctx.state.cfg->dataset.eod_token_id;
+  });
+  manager->register_callback("on_log", [&](CallbackContext& ctx) { losses.push_back(ctx.log->metrics.at("lm loss")); });
+  pretrain(config, gpt_forward_step, manager);
+  EXPECT_EQ(model_vocab, tokenizer.vocab_size());
+  EXPECT_EQ(eod, tokenizer.eod());
+  ASSERT_EQ(losses.size(), 4u);
+  for (const double loss : losses) EXPECT_TRUE(std::isfinite(loss));
+  // Written through the run's tokenizer (the byte-level one decodes the same ids to other text).
+  ASSERT_EQ(generator->last().size(), 1u);
+  const GeneratedText& text = generator->last()[0];
+  ASSERT_EQ(text.tokens.size(), 5u);
+  EXPECT_EQ(text.continuation, tokenizer.decode(text.tokens));
+}
 
 TEST(Utf8, LossyReplacesMaximalSubpartsAsPythonDoes) {
   // bytes.decode("utf-8", "replace") on each input (Python 3.11).

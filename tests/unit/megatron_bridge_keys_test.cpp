@@ -9,6 +9,7 @@
 
 #include "tests/unit/config_test_support.h"
 #include "training/config/config_yaml.h"
+#include "training/tokenizer_setup.h"
 
 namespace bridge::training {
 namespace {
@@ -59,7 +60,7 @@ TEST(MegatronBridgeKeys, OverridesWithItsNamesSetBridgesFields) {
   EXPECT_EQ(config.parallelism.timeout, std::chrono::minutes(15));
   EXPECT_TRUE(config.checkpoint.no_load_optim);
   EXPECT_FALSE(config.checkpoint.no_load_rng);
-  EXPECT_EQ(config.model.vocab_size, 50257);
+  EXPECT_EQ(config.tokenizer.vocab_size, 50257);
   EXPECT_TRUE(config.mixed_precision.bf16);
   EXPECT_FALSE(config.train.check_for_nan_in_loss_and_grad);
 
@@ -166,7 +167,9 @@ scheduler: {lr_decay_iters: null, lr_decay_steps: 5120000}
 validation: {eval_interval: null}
 ft: null
 )");
-  EXPECT_EQ(config.model.vocab_size, 32000);
+  EXPECT_EQ(config.model.vocab_size, ConfigContainer().model.vocab_size);  // until setup_tokenizer: 32000
+  EXPECT_EQ(config.tokenizer.vocab_size, 32000);
+  EXPECT_EQ(config.tokenizer.tokenizer_type, "NullTokenizer");
   EXPECT_EQ(config.model.ffn_hidden_size, ConfigContainer().model.ffn_hidden_size);
   EXPECT_EQ(config.scheduler.lr_decay_iters, 0);
   EXPECT_EQ(config.train.eval_interval, 0);
@@ -180,12 +183,25 @@ TEST(MegatronBridgeKeys, ABlendIsMegatronsDataPathList) {
               HasSubstr("dataset.blend must be [[prefix, ...], [weight, ...]]"));
 }
 
+// A Megatron-Bridge recipe as a run sees it: loaded, then its tokenizer section applied (its model.vocab_size is
+// null, "from the tokenizer"). Its NullTokenizer (mock data) is the one thing bridge's recipes leave out, so `ours`
+// takes it over before the two are compared.
+ConfigContainer megatron_bridge_recipe(const fs::path& path, ConfigContainer& ours) {
+  ConfigContainer theirs = load_config_yaml(path);
+  setup_tokenizer(theirs);
+  EXPECT_EQ(theirs.tokenizer.tokenizer_type, "NullTokenizer");
+  EXPECT_EQ(theirs.dataset.eod_token_id, theirs.model.vocab_size - 1);
+  ours.tokenizer = theirs.tokenizer;
+  ours.dataset.eod_token_id = theirs.dataset.eod_token_id;
+  return theirs;
+}
+
 // A Llama-3-shaped Megatron-Bridge recipe (RMSNorm, RoPE, SwiGLU, 8 query groups, no biases, untied) is the Llama 3
 // 8B recipe in bridge's sections, key for key.
 TEST(MegatronBridgeKeys, TheLlama3RecipeInItsLayoutIsBridgesLlama3Recipe) {
   const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
-  const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_llama3_8b.yaml");
-  const ConfigContainer ours = load_config_yaml(recipes / "llama3_8b.yaml");
+  ConfigContainer ours = load_config_yaml(recipes / "llama3_8b.yaml");
+  const ConfigContainer theirs = megatron_bridge_recipe(recipes / "megatron_bridge_llama3_8b.yaml", ours);
   EXPECT_EQ(theirs.model.normalization, models::Normalization::kRMSNorm);
   EXPECT_EQ(theirs.model.position_embedding_type, models::PositionEmbeddingType::kRope);
   EXPECT_TRUE(theirs.model.gated_linear_unit);
@@ -202,8 +218,8 @@ TEST(MegatronBridgeKeys, TheLlama3RecipeInItsLayoutIsBridgesLlama3Recipe) {
 // norms; its recipe in Megatron-Bridge's layout is bridge's, key for key.
 TEST(MegatronBridgeKeys, TheQwen3RecipeInItsLayoutIsBridgesQwen3Recipe) {
   const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
-  const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_qwen3_8b.yaml");
-  const ConfigContainer ours = load_config_yaml(recipes / "qwen3_8b.yaml");
+  ConfigContainer ours = load_config_yaml(recipes / "qwen3_8b.yaml");
+  const ConfigContainer theirs = megatron_bridge_recipe(recipes / "megatron_bridge_qwen3_8b.yaml", ours);
   EXPECT_TRUE(theirs.model.qk_layernorm);
   EXPECT_EQ(theirs.model.kv_channels, 128);
   EXPECT_EQ(theirs.model.num_query_groups, 8);
@@ -216,8 +232,8 @@ TEST(MegatronBridgeKeys, TheQwen3RecipeInItsLayoutIsBridgesQwen3Recipe) {
 
 TEST(MegatronBridgeKeys, TheShippedRecipeInItsLayoutIsTheTinyRecipe) {
   const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
-  const ConfigContainer theirs = load_config_yaml(recipes / "megatron_bridge_gpt.yaml");
   ConfigContainer ours = load_config_yaml(recipes / "tiny.yaml");
+  const ConfigContainer theirs = megatron_bridge_recipe(recipes / "megatron_bridge_gpt.yaml", ours);
   EXPECT_EQ(theirs.model.vocab_size, 257);
   EXPECT_EQ(theirs.model.seq_length, 64);
   EXPECT_EQ(theirs.train.eval_iters, 4);

@@ -19,6 +19,7 @@
 #include "training/callbacks.h"
 #include "training/config/config.h"
 #include "training/tokenizers/byte_level_tokenizer.h"
+#include "training/tokenizers/null_tokenizer.h"
 
 namespace bridge::training {
 namespace {
@@ -96,6 +97,30 @@ TEST_F(TextGeneratorTest, GreedyContinuationIsTheArgmaxOfTheModelsOwnForwardPass
     }
     EXPECT_EQ(texts[i].continuation, tokenizer.decode(texts[i].tokens));
   }
+}
+
+TEST_F(TextGeneratorTest, WithoutATokenizerOfItsOwnItUsesTheRuns) {
+  ConfigContainer config;
+  config.tokenizer.tokenizer_type = "NullTokenizer";  // prompts are ids: "5 6 7" is {5, 6, 7}
+  config.tokenizer.vocab_size = config_.vocab_size;
+  state_.cfg = &config;
+  TextGeneratorOptions options;
+  options.prompts = {"5 6 7"};
+  options.max_new_tokens = 3;
+  options.stop_at_eod = false;
+  TextGenerator generator(options);
+  CallbackContext ctx(state_, model_);
+  generator.on_train_start(ctx);
+  const GeneratedText text = generate(generator, 1)[0];
+  ASSERT_EQ(text.tokens.size(), 3u);
+  EXPECT_EQ(text.tokens[0], next_logits({5, 6, 7}).argmax().item<int64_t>()) << "the prompt was not read as ids";
+  EXPECT_EQ(text.continuation, tokenizers::NullTokenizer(config_.vocab_size).decode(text.tokens));
+
+  state_.cfg = nullptr;  // no config: the byte-level tokenizer
+  TextGenerator bytes(options);
+  const GeneratedText byte_text = generate(bytes, 1)[0];
+  EXPECT_EQ(byte_text.tokens[0],
+            next_logits(tokenizers::ByteLevelTokenizer().encode("5 6 7")).argmax().item<int64_t>());
 }
 
 TEST_F(TextGeneratorTest, TopKDrawsAmongTheKLikeliestAndRepeatsForTheSameStep) {
@@ -190,7 +215,11 @@ TEST_F(TextGeneratorTest, OptionsOutOfRangeAreNamed) {
     return what_of([&] { TextGenerator generator(options); });
   };
   EXPECT_THAT(error([](auto& o) { o.prompts.clear(); }), HasSubstr("TextGenerator.prompts is empty"));
-  EXPECT_THAT(error([](auto& o) { o.prompts = {"a", ""}; }), HasSubstr("prompts[1] is empty"));
+  EXPECT_THAT(error([](auto& o) {
+                o.prompts = {"a", ""};
+                o.tokenizer_type = "ByteLevel";  // without one, the prompts are encoded at on_train_start
+              }),
+              HasSubstr("prompts[1] is empty"));
   EXPECT_THAT(error([](auto& o) { o.interval = 0; }), HasSubstr("TextGenerator.interval is 0"));
   EXPECT_THAT(error([](auto& o) { o.max_new_tokens = -1; }), HasSubstr("max_new_tokens is -1"));
   EXPECT_THAT(error([](auto& o) { o.top_k = 0; }), HasSubstr("top_k is 0"));

@@ -151,7 +151,8 @@ const std::vector<Builtin>& table() {
            option("stop_at_eod", &TG::stop_at_eod, "End a continuation at the end-of-document token."),
            option("tokenizer_type", &TG::tokenizer_type,
                   "ByteLevel, GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer (or its other names) or "
-                  "NullTokenizer, as bridge-preprocess-data's --tokenizer-type."),
+                  "NullTokenizer, as bridge-preprocess-data's --tokenizer-type; empty = the run's tokenizer section, "
+                  "else ByteLevel."),
            option("tokenizer_model", &TG::tokenizer_model,
                   "HuggingFaceTokenizer's directory (or tokenizer.json); SentencePieceTokenizer's tokenizer.model."),
            option("vocab_file", &TG::vocab_file, "GPT2BPETokenizer's vocab.json."),

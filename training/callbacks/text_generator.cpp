@@ -68,8 +68,8 @@ void check_fits(const TextGeneratorOptions& options, const tokenizers::Tokenizer
       if (token >= config.vocab_size) {
         throw std::invalid_argument(fmt::format(
             "TextGenerator.prompts[{}] encodes to token {} but model.vocab_size is {}; use the tokenizer the data "
-            "was prepared with (tokenizer_type {} has {} ids)",
-            i, token, config.vocab_size, options.tokenizer_type, tokenizer.vocab_size()));
+            "was prepared with ({} has {} ids)",
+            i, token, config.vocab_size, tokenizer.name(), tokenizer.vocab_size()));
       }
     }
   }
@@ -89,11 +89,17 @@ TextGenerator::TextGenerator(TextGeneratorOptions options) : options_(std::move(
   require(options_.top_k > 0, fmt::format("top_k is {}; use 1 (greedy) or more", options_.top_k));
   require(std::isfinite(options_.temperature) && options_.temperature > 0.0,
           fmt::format("temperature is {:.6g}; use a number above 0", options_.temperature));
-  tokenizers::TokenizerConfig tokenizer_config;
-  tokenizer_config.tokenizer_type = options_.tokenizer_type;
-  tokenizer_config.tokenizer_model = options_.tokenizer_model;
-  tokenizer_config.vocab_file = options_.vocab_file;
-  tokenizer_config.merge_file = options_.merge_file;
+  if (!options_.tokenizer_type.empty()) {
+    tokenizers::TokenizerConfig tokenizer_config;
+    tokenizer_config.tokenizer_type = options_.tokenizer_type;
+    tokenizer_config.tokenizer_model = options_.tokenizer_model;
+    tokenizer_config.vocab_file = options_.vocab_file;
+    tokenizer_config.merge_file = options_.merge_file;
+    use_tokenizer(tokenizer_config);
+  }
+}
+
+void TextGenerator::use_tokenizer(const tokenizers::TokenizerConfig& tokenizer_config) {
   tokenizer_ = tokenizers::build_tokenizer(tokenizer_config);
   if (options_.stop_at_eod) {
     try {
@@ -103,14 +109,28 @@ TextGenerator::TextGenerator(TextGeneratorOptions options) : options_(std::move(
                                   "; or set stop_at_eod: false");
     }
   }
+  prompt_tokens_.clear();
   for (std::size_t i = 0; i < options_.prompts.size(); ++i) {
     std::vector<int64_t> tokens = tokenizer_->encode(options_.prompts[i]);
-    require(!tokens.empty(), fmt::format("prompts[{}] is empty; every prompt needs at least one token", i));
+    if (tokens.empty()) {
+      throw std::invalid_argument(
+          fmt::format("TextGenerator.prompts[{}] is empty; every prompt needs at least one token", i));
+    }
     prompt_tokens_.push_back(std::move(tokens));
   }
 }
 
+void TextGenerator::ensure_tokenizer(const CallbackContext& ctx) {
+  if (tokenizer_) return;
+  // No tokenizer of its own: the run's (the config's tokenizer section), else the byte-level one.
+  tokenizers::TokenizerConfig run_tokenizer;
+  if (ctx.state.cfg != nullptr) run_tokenizer = ctx.state.cfg->tokenizer;
+  if (run_tokenizer.tokenizer_type.empty()) run_tokenizer.tokenizer_type = "ByteLevel";
+  use_tokenizer(run_tokenizer);
+}
+
 void TextGenerator::on_train_start(CallbackContext& ctx) {
+  ensure_tokenizer(ctx);
   check_fits(options_, *tokenizer_, prompt_tokens_, ctx.gpt().config());
   const int64_t step = ctx.state.train_state.step;
   next_step_ = (step / options_.interval + 1) * options_.interval;
@@ -139,6 +159,7 @@ void TextGenerator::on_log(CallbackContext& ctx) {
 std::vector<GeneratedText> TextGenerator::generate(CallbackContext& ctx, int64_t step) {
   models::GPTModelImpl& first = ctx.gpt(0);
   const models::GPTConfig& config = first.config();
+  ensure_tokenizer(ctx);
   check_fits(options_, *tokenizer_, prompt_tokens_, config);
   const int64_t seq_length = config.seq_length;
   const auto batch = static_cast<int64_t>(prompt_tokens_.size());

@@ -14,8 +14,9 @@
 // without gradients through the pipeline schedule, once per new token over the whole sequence (no KV cache), so it
 // works in every layout (TP, PP, a virtual pipeline, DP); every rank takes part, and all reach the same tokens: the
 // last stage gathers the vocab-parallel logits, picks each token with the same seeded generator on every tensor
-// rank, and broadcasts it along the pipeline. Prompts are encoded by the byte-level or GPT-2 tokenizer (the one the
-// data was prepared with); a prompt longer than model.seq_length - max_new_tokens keeps its last tokens.
+// rank, and broadcasts it along the pipeline. Prompts are encoded by the run's tokenizer (the config's tokenizer
+// section, the one the data was prepared with; the byte-level one when there is none) unless tokenizer_type names
+// another; a prompt longer than model.seq_length - max_new_tokens keeps its last tokens.
 #pragma once
 
 #include <cstdint>
@@ -24,23 +25,25 @@
 #include <vector>
 
 #include "training/callbacks/callback.h"
+#include "training/tokenizers/build_tokenizer.h"
 #include "training/tokenizers/tokenizer.h"
 
 namespace bridge::training {
 inline namespace callbacks {
 
 struct TextGeneratorOptions {
-  std::vector<std::string> prompts;          ///< at least one, none empty
-  int64_t interval = 1000;                   ///< steps between generations (> 0)
-  int64_t max_new_tokens = 32;               ///< tokens added to each prompt (> 0, < model.seq_length)
-  int64_t top_k = 1;                         ///< 1 = greedy; k > 1 samples among the k likeliest tokens
-  double temperature = 1.0;                  ///< logits are divided by it before sampling (> 0)
-  int64_t seed = 1234;                       ///< sampling seed, combined with the step
-  bool stop_at_eod = true;                   ///< end a continuation at the end-of-document token
-  std::string tokenizer_type = "ByteLevel";  ///< a type of training/tokenizers/build_tokenizer.h
-  std::string tokenizer_model;               ///< HuggingFaceTokenizer's directory, SentencePiece's tokenizer.model
-  std::string vocab_file;                    ///< GPT2BPETokenizer's vocab.json
-  std::string merge_file;                    ///< GPT2BPETokenizer's merges.txt
+  std::vector<std::string> prompts;  ///< at least one, none empty
+  int64_t interval = 1000;           ///< steps between generations (> 0)
+  int64_t max_new_tokens = 32;       ///< tokens added to each prompt (> 0, < model.seq_length)
+  int64_t top_k = 1;                 ///< 1 = greedy; k > 1 samples among the k likeliest tokens
+  double temperature = 1.0;          ///< logits are divided by it before sampling (> 0)
+  int64_t seed = 1234;               ///< sampling seed, combined with the step
+  bool stop_at_eod = true;           ///< end a continuation at the end-of-document token
+  /// A type of training/tokenizers/build_tokenizer.h; empty = the run's tokenizer (config.tokenizer), else ByteLevel.
+  std::string tokenizer_type;
+  std::string tokenizer_model;  ///< HuggingFaceTokenizer's directory, SentencePiece's tokenizer.model
+  std::string vocab_file;       ///< GPT2BPETokenizer's vocab.json
+  std::string merge_file;       ///< GPT2BPETokenizer's merges.txt
 };
 
 /// A prompt and what the model wrote after it.
@@ -52,11 +55,12 @@ struct GeneratedText {
 
 class TextGenerator : public Callback {
  public:
-  /// Loads the tokenizer and encodes the prompts. Throws std::invalid_argument naming the option when one is out of
-  /// range, and what build_tokenizer throws for the tokenizer files.
+  /// Checks the options; with a tokenizer_type, loads it and encodes the prompts. Throws std::invalid_argument naming
+  /// the option when one is out of range, and what build_tokenizer throws for the tokenizer files.
   explicit TextGenerator(TextGeneratorOptions options);
 
-  /// Checks the prompts and token counts against the model (vocabulary and sequence length).
+  /// Loads the run's tokenizer when the options name none, then checks the prompts and token counts against the
+  /// model (vocabulary and sequence length).
   void on_train_start(CallbackContext& ctx) override;
   /// Generates when due and adds the texts to the log record.
   void on_log(CallbackContext& ctx) override;
@@ -69,6 +73,9 @@ class TextGenerator : public Callback {
   const std::vector<GeneratedText>& last() const { return last_; }
 
  private:
+  void use_tokenizer(const tokenizers::TokenizerConfig& tokenizer_config);
+  void ensure_tokenizer(const CallbackContext& ctx);
+
   TextGeneratorOptions options_;
   std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
   int64_t eod_ = -1;  // the tokenizer's end of document, when stop_at_eod

@@ -185,6 +185,7 @@ void ConfigContainer::validate(int world_size) const {
                                            ") must be below 2^32 with dataset.data_path: Megatron's sample order comes "
                                            "from NumPy's RandomState(seed)");
   }
+  if (!tokenizer.tokenizer_type.empty()) tokenizers::validate_tokenizer_config(tokenizer, "tokenizer.");
   for (std::size_t i = 0; i < callbacks.size(); ++i) {
     validate_callback_config(callbacks[i], "callbacks[" + std::to_string(i) + "]");
   }

@@ -23,6 +23,7 @@
 #include "parallel/process_group.h"
 #include "training/data.h"
 #include "training/optimizer/optimizer.h"
+#include "training/tokenizers/build_tokenizer.h"
 
 namespace bridge::training {
 
@@ -98,8 +99,8 @@ struct DatasetConfig {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
-  /// The end-of-document token those look for; null = model.vocab_size - 1 (256 for the byte-level tokenizer,
-  /// 50256 for GPT-2's, Megatron's NullTokenizer's).
+  /// The end-of-document token those look for; null = the tokenizer's (tokenizer section), else
+  /// model.vocab_size - 1 (256 for the byte-level tokenizer, 50256 for GPT-2's).
   std::optional<int64_t> eod_token_id;
   /// A blended dataset builds each of its datasets this fraction beyond its share of the samples (Megatron's
   /// mid_level_dataset_surplus), so that the blend's order never asks one for more than it has.
@@ -217,6 +218,10 @@ struct ConfigContainer {
   RNGConfig rng;
   CheckpointConfig checkpoint;
   MixedPrecisionConfig mixed_precision;
+  /// Megatron-Bridge's tokenizer section: the tokenizer the data was prepared with. Set, it decides model.vocab_size,
+  /// dataset.eod_token_id and the TextGenerator's tokenizer (setup_tokenizer, training/tokenizer_setup.h); empty
+  /// tokenizer_type = none (token ids are read as they are).
+  tokenizers::TokenizerConfig tokenizer;
   /// Built-in callbacks pretrain() adds to its callbacks, after the caller's, in list order.
   std::vector<CallbackConfig> callbacks;
 

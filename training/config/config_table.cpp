@@ -7,6 +7,7 @@ namespace bridge::training::detail {
 using C = ConfigContainer;
 using models::GPTConfig;
 using parallel::distributed::DistributedDataParallelConfig;
+using tokenizers::TokenizerConfig;
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
@@ -242,6 +243,25 @@ const std::vector<Field>& fields() {
             "fp16: clean steps before the dynamic loss scale doubles."),
       field("mixed_precision.hysteresis", &C::mixed_precision, &MixedPrecisionConfig::hysteresis,
             "fp16: overflowing steps tolerated before the dynamic loss scale halves."),
+
+      field("tokenizer.tokenizer_type", &C::tokenizer, &TokenizerConfig::tokenizer_type,
+            "The tokenizer the data was prepared with (as bridge-preprocess-data's --tokenizer-type): ByteLevel, "
+            "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, "
+            "Llama2Tokenizer or NullTokenizer. It sets model.vocab_size (see tokenizer.use_tokenizer_vocab_size), "
+            "dataset.eod_token_id when null, and the TextGenerator's tokenizer. null = none, except that an hf:<dir> "
+            "start uses <dir>'s tokenizer.json."),
+      field("tokenizer.tokenizer_model", &C::tokenizer, &TokenizerConfig::tokenizer_model,
+            "HuggingFaceTokenizer: a directory with tokenizer.json (or the file); the SentencePiece types: "
+            "tokenizer.model."),
+      field("tokenizer.vocab_file", &C::tokenizer, &TokenizerConfig::vocab_file, "GPT2BPETokenizer: vocab.json."),
+      field("tokenizer.merge_file", &C::tokenizer, &TokenizerConfig::merge_file, "GPT2BPETokenizer: merges.txt."),
+      field("tokenizer.vocab_size", &C::tokenizer, &TokenizerConfig::vocab_size, "NullTokenizer: the number of ids."),
+      field("tokenizer.null_tokenizer_eod_id", &C::tokenizer, &TokenizerConfig::null_tokenizer_eod_id,
+            "NullTokenizer: its end-of-document id; null = tokenizer.vocab_size - 1."),
+      field("tokenizer.use_tokenizer_vocab_size", &C::tokenizer, &TokenizerConfig::use_tokenizer_vocab_size,
+            "true: model.vocab_size becomes the tokenizer's; false: model.vocab_size stays and must hold the "
+            "tokenizer's ids; null = true when the model trains from scratch and model.vocab_size is smaller, false "
+            "with checkpoint.pretrained_checkpoint."),
   };
   return table;
 }

@@ -34,6 +34,9 @@ struct Entry {
 
 constexpr std::string_view kNoDistributedOptimizer =
     "bridge keeps the whole optimizer state on every data-parallel rank (the same updates, more memory)";
+constexpr std::string_view kCoreTokenizers =
+    "bridge's tokenizers behave as megatron.core.tokenizers' (Llama2Tokenizer adds no BOS)";
+constexpr std::string_view kNoTikToken = "bridge has no TikTokenizer; use its tokenizer.json as HuggingFaceTokenizer";
 constexpr std::string_view kPreNorm = "bridge's transformer layers are pre-norm (the residual is the layer's input)";
 
 constexpr Entry kEntries[] = {
@@ -95,12 +98,29 @@ constexpr Entry kEntries[] = {
     {"dataset.mmap_bin_files", Rule::kIgnore, ""},
     {"dataset.num_dataset_builder_threads", Rule::kIgnore, ""},
 
-    // bridge reads token ids; the tokenizer's settings only matter for its vocabulary size.
-    {"tokenizer.vocab_size", Rule::kRename, "model.vocab_size"},
-    {"tokenizer.tokenizer_type", Rule::kIgnore, ""},
-    {"tokenizer.tokenizer_model", Rule::kIgnore, ""},
-    {"tokenizer.vocab_file", Rule::kIgnore, ""},
-    {"tokenizer.merge_file", Rule::kIgnore, ""},
+    // The tokenizer section is bridge's too (tokenizer_type, tokenizer_model, vocab_file, merge_file, vocab_size,
+    // use_tokenizer_vocab_size); these are its other fields.
+    {"tokenizer.legacy_tokenizer", Rule::kOnly, "false", kCoreTokenizers},
+    {"tokenizer.vocab_extra_ids", Rule::kOnly, "0", "bridge's tokenizers add no extra ids (T5's span masking)"},
+    {"tokenizer.special_tokens", Rule::kOnly, "null", "bridge takes special tokens from the tokenizer's own files"},
+    {"tokenizer.tiktoken_pattern", Rule::kOnly, "null", kNoTikToken},
+    {"tokenizer.tiktoken_special_tokens", Rule::kOnly, "null", kNoTikToken},
+    {"tokenizer.tiktoken_num_special_tokens", Rule::kIgnore, ""},  // read by TikTokenizer only
+    {"tokenizer.image_tag_type", Rule::kOnly, "null", "bridge's tokenizers are text only"},
+    // Chat formatting (fine-tuning prompts), which pretraining on prepared token ids never applies.
+    {"tokenizer.tokenizer_prompt_format", Rule::kIgnore, ""},
+    {"tokenizer.chat_template", Rule::kIgnore, ""},
+    {"tokenizer.chat_template_path", Rule::kIgnore, ""},
+    {"tokenizer.force_system_message", Rule::kIgnore, ""},
+    // Options of transformers' AutoTokenizer and of the sentencepiece module; bridge reads the files itself.
+    {"tokenizer.hf_tokenizer_kwargs", Rule::kIgnore, ""},
+    {"tokenizer.sp_tokenizer_kwargs", Rule::kIgnore, ""},
+    {"tokenizer.metadata_path", Rule::kIgnore, ""},
+    // Megatron-Bridge's own bookkeeping: the model pads the vocabulary (model.make_vocab_size_divisible_by).
+    {"tokenizer.padded_vocab_size", Rule::kIgnore, ""},
+    {"tokenizer.make_vocab_size_divisible_by", Rule::kIgnore, ""},
+    {"tokenizer.tensor_model_parallel_size", Rule::kIgnore, ""},
+    {"tokenizer.rank", Rule::kIgnore, ""},
 
     {"checkpoint.load_optim", Rule::kNegate, "checkpoint.no_load_optim"},
     {"checkpoint.load_rng", Rule::kNegate, "checkpoint.no_load_rng"},
@@ -130,7 +150,7 @@ constexpr std::pair<std::string_view, std::string_view> kAbsentSections[] = {
 constexpr std::pair<std::string_view, std::string_view> kSectionRenames[] = {{"logger", "logging"}};
 
 // Sections whose keys Megatron-Bridge spells under other names (listed in kEntries one by one).
-constexpr std::string_view kPartialSections[] = {"validation", "dist", "tokenizer"};
+constexpr std::string_view kPartialSections[] = {"validation", "dist"};
 
 // Hydra's instantiation keys, written at every level of Megatron-Bridge's YAML dumps.
 constexpr std::string_view kHydraKeys[] = {"_target_", "_call_", "_partial_", "_args_", "_recursive_"};

@@ -29,7 +29,7 @@ struct PreprocessConfig {
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
   /// The tokenizer (training/tokenizers/build_tokenizer.h): Megatron's --tokenizer-type and its files.
-  tokenizers::TokenizerConfig tokenizer;
+  tokenizers::TokenizerConfig tokenizer = tokenizers::tokenizer_config_of("ByteLevel");
   /// Append the tokenizer's EOD to every non-empty document.
   bool append_eod = false;
   /// Report progress on stderr every this many documents; 0 = never.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "training/tokenizers/tokenizer.h"
@@ -19,15 +20,27 @@ namespace bridge::training::tokenizers {
 
 struct TokenizerConfig {
   /// ByteLevel (bridge's own: bytes as ids, no files), GPT2BPETokenizer, HuggingFaceTokenizer,
-  /// SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer.
-  std::string tokenizer_type = "ByteLevel";
+  /// SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer. Empty (null in YAML):
+  /// none, where that is allowed (a training run then reads token ids as they are).
+  std::string tokenizer_type;
   /// HuggingFaceTokenizer: a directory with tokenizer.json, or the file; the SentencePiece types: tokenizer.model.
   std::string tokenizer_model;
   std::string vocab_file;                        ///< GPT2BPETokenizer: vocab.json
   std::string merge_file;                        ///< GPT2BPETokenizer: merges.txt
   std::optional<int64_t> vocab_size;             ///< NullTokenizer: the number of ids
   std::optional<int64_t> null_tokenizer_eod_id;  ///< NullTokenizer: the EOD id (vocab_size - 1 when unset)
+  /// Training runs only (Megatron-Bridge's field): whether the model's vocabulary is the tokenizer's. Null: yes for
+  /// a model trained from scratch whose model.vocab_size is smaller; with a pretrained checkpoint, no.
+  /// See training/tokenizer_setup.h.
+  std::optional<bool> use_tokenizer_vocab_size;
 };
+
+/// A config naming `type` and nothing else: enough for ByteLevel, the rest filled in by the caller.
+inline TokenizerConfig tokenizer_config_of(std::string type) {
+  TokenizerConfig config;
+  config.tokenizer_type = std::move(type);
+  return config;
+}
 
 /// One row of the table: a type, what it is, and the TokenizerConfig fields it needs.
 struct TokenizerType {
