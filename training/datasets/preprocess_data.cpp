@@ -1,13 +1,19 @@
-// JSON lines and text paragraphs -> indexed datasets, tokenized on worker threads and written in input order.
+// JSON lines and text paragraphs -> indexed datasets, tokenized on worker threads and written in input order. The
+// calling thread reads the next batch and writes finished ones while the workers tokenize, as Megatron's main
+// process feeds its pool and writes what comes back: reading and writing stay off the workers' critical path.
 #include "training/datasets/preprocess_data.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <thread>
@@ -55,6 +61,87 @@ struct RawDocument {
 // Documents are tokenized this many per worker at a time, then written in input order.
 constexpr std::size_t kDocumentsPerWorker = 256;
 
+// Batches tokenizing while the caller reads the next one; more would only hold more documents in memory.
+constexpr std::size_t kBatchesInFlight = 2;
+
+// A batch handed to the workers: the documents as read, and what tokenizing each gave (or its error).
+struct Batch {
+  std::vector<RawDocument> documents;
+  std::vector<std::vector<EncodedDocument>> encoded;
+  std::vector<std::string> errors;
+  std::atomic<std::size_t> next{0};  // the next document a worker may take
+  std::atomic<std::size_t> left{0};  // documents not yet tokenized
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+};
+
+// Worker threads that live as long as the run, so each keeps its tokenizer's thread-local word cache warm; a worker
+// done with its share of one batch takes documents of the next without waiting for the others (no barrier per
+// batch), and the caller collects the batches in input order.
+class TokenizingPool {
+ public:
+  TokenizingPool(int workers, std::function<void(Batch&, std::size_t)> encode) : encode_(std::move(encode)) {
+    for (int w = 0; w < workers; ++w) threads_.emplace_back([this] { work(); });
+  }
+  ~TokenizingPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+  }
+  TokenizingPool(const TokenizingPool&) = delete;
+  TokenizingPool& operator=(const TokenizingPool&) = delete;
+
+  /// Queues `documents`; the batch's `finished` is ready once every one is tokenized.
+  std::shared_ptr<Batch> submit(std::vector<RawDocument> documents) {
+    auto batch = std::make_shared<Batch>();
+    batch->documents = std::move(documents);
+    batch->encoded.resize(batch->documents.size());
+    batch->errors.resize(batch->documents.size());
+    batch->left = batch->documents.size();
+    if (batch->documents.empty()) {
+      batch->done.set_value();
+      return batch;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_.push_back(batch);
+    }
+    ready_.notify_all();
+    return batch;
+  }
+
+ private:
+  void work() {
+    while (true) {
+      std::shared_ptr<Batch> batch;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return stopping_ || !open_.empty(); });
+        if (open_.empty()) return;  // stopping, with nothing left to do
+        batch = open_.front();
+      }
+      const std::size_t i = batch->next++;
+      if (i >= batch->documents.size()) {  // every document taken: on to the next batch
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!open_.empty() && open_.front() == batch) open_.pop_front();
+        continue;
+      }
+      encode_(*batch, i);
+      if (--batch->left == 0) batch->done.set_value();
+    }
+  }
+
+  std::function<void(Batch&, std::size_t)> encode_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::shared_ptr<Batch>> open_;  // batches with documents not yet taken, in input order
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
 class Preprocessor {
  public:
   explicit Preprocessor(const PreprocessConfig& config) : config_(config) {
@@ -78,6 +165,13 @@ class Preprocessor {
         throw std::invalid_argument(std::string("--append-eod: ") + e.what());
       }
     }
+    pool_ = std::make_unique<TokenizingPool>(config_.workers, [this](Batch& batch, std::size_t i) {
+      try {
+        batch.encoded[i] = encode(batch.documents[i]);
+      } catch (const std::exception& e) {
+        batch.errors[i] = e.what();
+      }
+    });
     const DType dtype = optimal_dtype(tokenizer_->vocab_size());
     const std::string level = config_.split_sentences ? "_sentence" : "_document";
     for (const std::string& key : config_.json_keys) {
@@ -96,16 +190,17 @@ class Preprocessor {
       int64_t ordinal = 0;
       const auto take = [&](RawDocument&& document) {
         if (ordinal++ % passes != pass) return;
-        batch_.push_back(std::move(document));
-        if (batch_.size() >= kDocumentsPerWorker * static_cast<std::size_t>(config_.workers)) flush();
+        reading_.push_back(std::move(document));
+        if (reading_.size() >= kDocumentsPerWorker * static_cast<std::size_t>(config_.workers)) hand_over();
       };
       if (config_.input_format == InputFormat::kJsonLines) {
         json_lines(in, take);
       } else {
         text_paragraphs(in, take);
       }
-      flush();
+      hand_over();
     }
+    hand_over(/*last=*/true);
     for (std::size_t k = 0; k < builders_.size(); ++k) {
       builders_[k]->finalize();
       outputs_[k].documents = builders_[k]->num_documents();
@@ -207,36 +302,32 @@ class Preprocessor {
     return encoded;
   }
 
-  // Tokenizes the batch on the workers (each takes the next document not yet taken, so long documents do not leave
-  // the others waiting), then writes it in order; the first bad document in input order is the error, as one worker
-  // would report it.
-  void flush() {
-    std::vector<std::vector<EncodedDocument>> encoded(batch_.size());
-    std::vector<std::string> errors(batch_.size());
-    std::atomic<std::size_t> next{0};
-    const auto work = [&] {
-      for (std::size_t i = next++; i < batch_.size(); i = next++) {
-        try {
-          encoded[i] = encode(batch_[i]);
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
-      }
-    };
-    const std::size_t workers = std::min<std::size_t>(static_cast<std::size_t>(config_.workers), batch_.size());
-    std::vector<std::thread> threads;
-    for (std::size_t w = 1; w < workers; ++w) threads.emplace_back(work);
-    work();
-    for (std::thread& thread : threads) thread.join();
-    for (std::size_t i = 0; i < batch_.size(); ++i) {
-      if (!errors[i].empty()) throw error(batch_[i].line, errors[i]);
+  // The batch read so far goes to the workers; the oldest of those they have is written once more than
+  // kBatchesInFlight are out (or, at the end, every one).
+  void hand_over(bool last = false) {
+    if (!reading_.empty()) {
+      tokenizing_.push_back(pool_->submit(std::move(reading_)));
+      reading_.clear();
+    }
+    while (!tokenizing_.empty() && (last || tokenizing_.size() > kBatchesInFlight)) {
+      const std::shared_ptr<Batch> batch = std::move(tokenizing_.front());
+      tokenizing_.pop_front();
+      batch->finished.wait();
+      write(*batch);
+    }
+  }
+
+  // Writes `batch` in input order; the first bad document in input order is the error, as one worker would report
+  // it. (Batches still being tokenized are finished before pool_ is destroyed.)
+  void write(const Batch& batch) {
+    for (std::size_t i = 0; i < batch.documents.size(); ++i) {
+      if (!batch.errors[i].empty()) throw error(batch.documents[i].line, batch.errors[i]);
       for (std::size_t k = 0; k < builders_.size(); ++k) {
-        builders_[k]->add_document(encoded[i][k].tokens, encoded[i][k].lengths);
-        outputs_[k].tokens += static_cast<int64_t>(encoded[i][k].tokens.size());
+        builders_[k]->add_document(batch.encoded[i][k].tokens, batch.encoded[i][k].lengths);
+        outputs_[k].tokens += static_cast<int64_t>(batch.encoded[i][k].tokens.size());
       }
       progress();
     }
-    batch_.clear();
   }
 
   void progress() {
@@ -252,9 +343,11 @@ class Preprocessor {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::vector<PreprocessedDataset> outputs_;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders_;
-  std::vector<RawDocument> batch_;
+  std::vector<RawDocument> reading_;
+  std::deque<std::shared_ptr<Batch>> tokenizing_;  // handed to the pool, in input order
   int64_t documents_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::unique_ptr<TokenizingPool> pool_;  // last: its workers stop before what they read is destroyed
 };
 
 }  // namespace

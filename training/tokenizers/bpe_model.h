@@ -2,7 +2,8 @@
 // and the options byte_fallback (<0xXX> tokens for characters outside the vocabulary), unk_token with fuse_unk,
 // ignore_merges (a whole word in the vocabulary is one token), continuing_subword_prefix and end_of_word_suffix.
 // Merges apply lowest rank first, leftmost first among equals, exactly as the library's priority queue does; each
-// word's ids are cached (sharded locks, so threads rarely wait on one another).
+// word's ids are cached: each thread's own cache of the words it sees most, in front of one shared cache (sharded
+// locks) that every thread fills.
 #pragma once
 
 #include <array>
@@ -67,6 +68,9 @@ class BpeModel {
     std::unordered_map<std::string, std::vector<int32_t>> words;
   };
   std::unique_ptr<CacheShard[]> cache_;
+  // Tells one model's words from another's in the thread-local caches (never reused, unlike an address).
+  uint64_t instance_;
+  static constexpr std::size_t kThreadCacheEntries = 16384;
 };
 
 }  // namespace bridge::training::tokenizers
