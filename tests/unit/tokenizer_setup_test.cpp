@@ -134,6 +134,18 @@ TEST(SetupTokenizer, BadTokenizersAreNamedByTheirKeys) {
       std::invalid_argument);
 }
 
+TEST(SetupTokenizer, TokenizerFieldsWithoutATypeAreAnError) {
+  ConfigContainer config;
+  config.tokenizer.vocab_size = 32000;  // Megatron-Bridge's NullTokenizer size, without the NullTokenizer
+  try {
+    config.validate(1);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("tokenizer.vocab_size is set but tokenizer.tokenizer_type is not"),
+                                HasSubstr("NullTokenizer")));
+  }
+}
+
 TEST(SetupTokenizer, AnHfStartUsesItsDirectorysTokenizer) {
   ScratchDir scratch;
   const std::string dir = tiny_hf_tokenizer(scratch.path() / "model", /*eos=*/true);
