@@ -97,8 +97,10 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
                                                            shared_embedding_or_output_weight(), /*bias=*/{},
                                                            config_.gradient_accumulation_fusion);
   if (!labels.defined()) return logits.transpose(0, 1);
-  // Cross entropy on fp32 logits also for a bf16/fp16 model, as Megatron (fp16_lm_cross_entropy off).
-  return tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat32), labels.transpose(0, 1))
+  // Cross entropy on fp32 logits also for a bf16/fp16 model, as Megatron (fp16_lm_cross_entropy off), in the logits'
+  // own storage: nothing else reads them (the output layer's backward keeps its input and weight).
+  return tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat32), labels.transpose(0, 1), /*label_smoothing=*/0.0,
+                                          /*inplace=*/true)
       .transpose(0, 1)
       .contiguous();
 }

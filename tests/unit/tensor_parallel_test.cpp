@@ -114,6 +114,29 @@ TEST_F(TensorParallel, CrossEntropyInFp64IsExactToRoundOff) {
   check_cross_entropy(0.2, torch::kFloat64, 1e-13);
 }
 
+// In place (what the GPT model asks for), the loss and the gradient are the copying path's to round-off, and the
+// logits' own storage holds the softmax.
+TEST_F(TensorParallel, CrossEntropyInPlaceGivesTheSameLossAndGradient) {
+  for (const double smoothing : {0.0, 0.1}) {
+    const int64_t vocab = 37;
+    const torch::Tensor base = (random({5, 3, vocab}, 1) * 4.0).requires_grad_();
+    const torch::Tensor target = torch::randint(vocab, {5, 3}, at::make_generator<at::CPUGeneratorImpl>(2));
+    const torch::Tensor weights = random({5, 3}, 3);
+    const torch::Tensor copied = vocab_parallel_cross_entropy(base * 1.0, target, smoothing);
+    (copied * weights).sum().backward();
+    const torch::Tensor copied_grad = base.grad().clone();
+    base.mutable_grad().zero_();
+
+    const torch::Tensor logits = base * 1.0;  // not a leaf, as the output layer's GEMM
+    const torch::Tensor in_place = vocab_parallel_cross_entropy(logits, target, smoothing, /*inplace=*/true);
+    EXPECT_TRUE(torch::allclose(logits.detach().sum(-1), torch::ones({5, 3}), 1e-5, 1e-5))
+        << "the logits' storage holds the softmax";
+    (in_place * weights).sum().backward();
+    EXPECT_LE(max_diff(in_place, copied), 1e-6) << "smoothing " << smoothing;
+    EXPECT_LE(max_diff(base.grad(), copied_grad), 1e-6) << "smoothing " << smoothing;
+  }
+}
+
 TEST_F(TensorParallel, CrossEntropyUpcastsHalfPrecisionAndKeepsTheGradientDtype) {
   torch::Tensor logits = random({4, 2, 8}, 4).to(torch::kBFloat16).requires_grad_();
   const torch::Tensor target = torch::tensor({0, 1, 2, 3, 4, 5, 6, 7}).view({4, 2});

@@ -89,7 +89,8 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   // twice that in fp32. Like Megatron's report, it counts neither grouped-query attention nor a gated MLP.
   const double act_scale = mp.enabled() ? 1.0 : 2.0;
   const double layer_activations = s * b * h * (18 + 4 * f / h) / tp * act_scale;
-  const double logits = s * b * vocab / tp * 4 * 2;  // fp32 logits and their gradient
+  // fp32 logits, which the loss turns into the softmax and then into their own gradient in place.
+  const double logits = s * b * vocab / tp * 4;
 
   const auto stage = [&](double params, double activations) {
     MemoryEstimate estimate;
