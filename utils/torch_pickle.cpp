@@ -261,6 +261,13 @@ void check_tensor_extents(const c10::IValue& value, const std::string& where) {
     for (const c10::IValue& item : value.toTupleRef().elements()) {
       check_tensor_extents(item, where + "[" + std::to_string(i++) + "]");
     }
+  } else if (value.isTensor() && value.toTensor().defined() && c10::isQIntType(value.toTensor().scalar_type())) {
+    // A QInt storage under _rebuild_tensor_v2 makes a quantized-dtype tensor with no quantizer, which LibTorch's own
+    // pickler then fails an internal assert on; torch.save writes quantized tensors another way (_rebuild_qtensor),
+    // and no checkpoint holds them.
+    throw std::runtime_error("the tensor " + (where.empty() ? std::string("at the top") : "'" + where + "'") +
+                             " has the quantized dtype " + c10::toString(value.toTensor().scalar_type()) +
+                             " without a quantizer; bridge reads float, integer and bool tensors only");
   } else if (value.isTensor() && value.toTensor().defined() && value.toTensor().numel() > 0) {
     const at::Tensor& tensor = value.toTensor();
     // The byte after the last element: (offset + sum((size - 1) * stride) + 1) * element size, each step checked.
