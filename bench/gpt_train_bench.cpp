@@ -2,7 +2,9 @@
 // = dp = 1) on mock data, for comparison with the same model and step in Python PyTorch (gpt_train_bench.py, run
 // side by side by run_gpt_train_bench.sh). Prints one machine-readable line:
 //   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> attention=<a> dtype=<d> torch=<v>
-//       model_gflops=<per step> peak_rss_mb=<this process's peak resident memory>
+//       model_gflops=<per step> peak_rss_mb=<this process's peak resident memory> live_peak_mb=<peak bytes of live
+//       CPU tensors> predicted_mb=<the preflight's estimate> predicted_activations_mb=<its activations>
+// Config overrides follow the flags as bridge-pretrain's: gpt_train_bench ... model.recompute_granularity=selective
 // --attention unfused times the explicit softmax attention against the default (SDPA on LibTorch 2.x).
 //
 //   gpt_train_bench --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4
@@ -24,7 +26,10 @@
 
 #include "bench/gpt_bench_model.h"
 #include "bridge/bridge.h"
+#include "training/config/config_yaml.h"
 #include "training/utils/flop_utils.h"
+#include "training/utils/theoretical_memory.h"
+#include "utils/counting_allocator.h"
 
 namespace {
 
@@ -74,9 +79,18 @@ int main(int argc, char** argv) {
     } else if (dtype != "fp32") {
       throw std::invalid_argument("--dtype must be fp32 or bf16, got " + dtype);
     }
+    // Config overrides after the flags, as bridge-pretrain's: model.recompute_granularity=full ...
+    for (const std::string& assignment : args.unmatched()) {
+      if (assignment.find('=') == std::string::npos) {
+        throw std::invalid_argument("unexpected argument '" + assignment + "': overrides are KEY=VALUE");
+      }
+      bridge::training::apply_override(config, assignment);
+    }
     // The log line reads losses back and prints; keep it out of every timed step.
     config.logging.log_interval = std::numeric_limits<int64_t>::max();
 
+    // Counts the bytes of live tensors from here on: the step's own memory, apart from what malloc keeps.
+    bridge::utils::CountingCpuAllocator& live = bridge::utils::CountingCpuAllocator::install();
     int64_t params = 0;
     double first_loss = std::numeric_limits<double>::quiet_NaN();
     // Marks in the order the step reaches them; the phases between them say where a difference to Python lies.
@@ -137,6 +151,8 @@ int main(int argc, char** argv) {
       std::printf(" %s=%.2f", phase, median(phase_ms[phase]));
     }
     std::printf("\n");
+    const bridge::training::utils::MemoryEstimate estimate = bridge::training::utils::estimate_memory(config, 1);
+    constexpr double kMiB = 1024.0 * 1024.0;
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
     const double gflops =
@@ -144,10 +160,11 @@ int main(int argc, char** argv) {
         1e9;
     std::printf(
         "cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s torch=%s "
-        "model_gflops=%.2f peak_rss_mb=%.0f\n",
+        "model_gflops=%.2f peak_rss_mb=%.0f live_peak_mb=%.0f predicted_mb=%.0f predicted_activations_mb=%.0f\n",
         tokens / (ms / 1000.0), ms, step_ms.size(), threads, static_cast<long long>(params),
         attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION, gflops,
-        static_cast<double>(usage.ru_maxrss) / 1024.0);
+        static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<double>(live.peak_bytes()) / kMiB,
+        estimate.total() / kMiB, estimate.activations / kMiB);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train_bench: %s\n", e.what());
     return 1;

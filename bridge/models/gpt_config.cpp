@@ -1,8 +1,10 @@
 // GPTConfig::validate: every check names the field and says how to fix it.
 #include "bridge/models/gpt_config.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "utils/check.h"
 
@@ -14,7 +16,42 @@ using utils::require;
 
 std::string str(int64_t value) { return std::to_string(value); }
 
+// Megatron-Core's TransformerConfig rules for the recompute_* fields, and the modules bridge can recompute.
+void validate_recompute(const GPTConfig& config, int pipeline_model_parallel_size) {
+  if (!config.recompute_granularity) return;
+  const int64_t per_stage = config.num_layers / std::max(1, pipeline_model_parallel_size);
+  if (*config.recompute_granularity == RecomputeGranularity::kFull) {
+    require(config.recompute_method.has_value(),
+            "model.recompute_granularity is full, so model.recompute_method must be uniform or block");
+    require(config.recompute_num_layers.has_value() && *config.recompute_num_layers >= 1 &&
+                *config.recompute_num_layers <= per_stage,
+            "model.recompute_granularity is full, so model.recompute_num_layers must be between 1 and the layers "
+            "of a pipeline stage (" +
+                str(per_stage) + ")" +
+                (config.recompute_num_layers ? ", got " + str(*config.recompute_num_layers) : std::string()));
+    return;
+  }
+  require(!config.recompute_num_layers.has_value(),
+          "model.recompute_num_layers must be null with model.recompute_granularity selective (it counts the layers "
+          "of full recomputation); remove it or use recompute_granularity: full");
+  for (const std::string& module : config.recompute_modules.value_or(std::vector<std::string>{})) {
+    if (module == "core_attn" || module == "mlp") continue;
+    std::string why = "bridge recomputes core_attn and mlp";
+    if (module == "layernorm") why = "bridge does not recompute the norms (Megatron's CheckpointWithoutOutput)";
+    if (module.rfind("moe", 0) == 0 || module == "shared_experts") why = "bridge's GPT has no experts";
+    if (module == "mla_up_proj") why = "bridge's GPT has no multi-latent attention";
+    throw std::invalid_argument("model.recompute_modules: '" + module + "' is not supported (" + why +
+                                "); use core_attn and/or mlp");
+  }
+}
+
 }  // namespace
+
+bool GPTConfig::recomputes(std::string_view module) const {
+  if (recompute_granularity != RecomputeGranularity::kSelective) return false;
+  const std::vector<std::string> modules = recompute_modules.value_or(std::vector<std::string>{"core_attn"});
+  return std::find(modules.begin(), modules.end(), module) != modules.end();
+}
 
 int64_t GPTConfig::rotary_dim() const {
   // Megatron-Core's RotaryEmbedding: int(kv_channels * rotary_percent).
@@ -108,6 +145,7 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
                                         str(query_groups()));
   require(ffn_size() % tp == 0, "model.ffn_hidden_size (" + str(ffn_size()) +
                                     ") must be divisible by the tensor-parallel size (" + str(tp) + ")");
+  validate_recompute(*this, pipeline_model_parallel_size);
   const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *
                          static_cast<int64_t>(virtual_pipeline_model_parallel_size.value_or(1));
   require(num_layers % stages == 0, "model.num_layers (" + str(num_layers) +

@@ -19,8 +19,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace bridge::models {
 
@@ -54,6 +56,18 @@ enum class PositionEmbeddingType {
   kNone,             ///< no position information besides the causal mask
 };
 
+/// Megatron-Core's recompute_granularity: what backward computes again instead of keeping from forward.
+enum class RecomputeGranularity {
+  kFull,       ///< whole layers (recompute_method, recompute_num_layers): each checkpointed run keeps only its input
+  kSelective,  ///< the recompute_modules of every layer (core attention, the MLP)
+};
+
+/// Megatron-Core's recompute_method, how full recomputation picks the layers of each model chunk.
+enum class RecomputeMethod {
+  kUniform,  ///< every recompute_num_layers consecutive layers form one checkpointed run
+  kBlock,    ///< the first recompute_num_layers layers are checkpointed one by one, the rest keep everything
+};
+
 /// The options' names in recipes (Megatron-Core's spellings; the first of a value is the one written).
 inline constexpr std::pair<AttnBackend, std::string_view> kAttnBackendNames[] = {{AttnBackend::kAuto, "auto"},
                                                                                  {AttnBackend::kUnfused, "unfused"}};
@@ -69,6 +83,11 @@ inline constexpr std::pair<PositionEmbeddingType, std::string_view> kPositionEmb
     {PositionEmbeddingType::kRope, "rope"},
     {PositionEmbeddingType::kNone, "none"}};
 
+inline constexpr std::pair<RecomputeGranularity, std::string_view> kRecomputeGranularityNames[] = {
+    {RecomputeGranularity::kFull, "full"}, {RecomputeGranularity::kSelective, "selective"}};
+inline constexpr std::pair<RecomputeMethod, std::string_view> kRecomputeMethodNames[] = {
+    {RecomputeMethod::kUniform, "uniform"}, {RecomputeMethod::kBlock, "block"}};
+
 /// An option's name: to_string(Normalization::kRMSNorm) is "RMSNorm".
 template <class E, std::size_t N>
 std::string_view enum_name(E value, const std::pair<E, std::string_view> (&names)[N]) {
@@ -81,6 +100,8 @@ inline std::string_view to_string(AttnBackend value) { return enum_name(value, k
 inline std::string_view to_string(ActivationFunc value) { return enum_name(value, kActivationFuncNames); }
 inline std::string_view to_string(Normalization value) { return enum_name(value, kNormalizationNames); }
 inline std::string_view to_string(PositionEmbeddingType value) { return enum_name(value, kPositionEmbeddingTypeNames); }
+inline std::string_view to_string(RecomputeGranularity value) { return enum_name(value, kRecomputeGranularityNames); }
+inline std::string_view to_string(RecomputeMethod value) { return enum_name(value, kRecomputeMethodNames); }
 
 struct GPTConfig {
   int64_t num_layers = 2;
@@ -135,6 +156,17 @@ struct GPTConfig {
   /// backward, add straight into the weight's main_grad in the DistributedDataParallel grad buffer (no temporary
   /// gradient, no extra pass). Off for code that takes weight gradients with torch::autograd::grad().
   bool gradient_accumulation_fusion = true;
+  /// Activation recomputation (Megatron-Core's names): null keeps every activation; full recomputes whole layers,
+  /// picked by recompute_method over recompute_num_layers; selective recomputes recompute_modules in every layer
+  /// ("core_attn": q, k, v to the attention's output, which keeps the s x s probabilities of the unfused path and of
+  /// dropout; "mlp": fc1 and its activation). Training only; dropout replays the same masks.
+  std::optional<RecomputeGranularity> recompute_granularity;
+  std::optional<RecomputeMethod> recompute_method;
+  /// full: layers per checkpointed run (uniform) or layers checkpointed per model chunk (block); 1 to the layers of a
+  /// pipeline stage.
+  std::optional<int64_t> recompute_num_layers;
+  /// selective: the modules recomputed; null means ["core_attn"], as Megatron-Core.
+  std::optional<std::vector<std::string>> recompute_modules;
 
   int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
@@ -144,6 +176,8 @@ struct GPTConfig {
   /// Megatron-Core's query_projection_size: the attention's inner width, linear_proj's input.
   int64_t query_projection_size() const { return num_attention_heads * head_dim(); }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  /// Whether selective recomputation covers `module` ("core_attn", "mlp").
+  bool recomputes(std::string_view module) const;
   /// Channels of each head that RoPE rotates (head_dim x rotary_percent).
   int64_t rotary_dim() const;
   /// Throws std::invalid_argument naming the field ("model.num_attention_heads") for sizes that do not fit the layout.

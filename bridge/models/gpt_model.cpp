@@ -1,6 +1,7 @@
 // GPTModel: embedding, this chunk's transformer layers, and the output layer with vocab-parallel loss.
 #include "bridge/models/gpt_model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -9,6 +10,7 @@
 #include "parallel/tensor_parallel/grad_accumulation_fusion.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "parallel/tensor_parallel/random.h"
 #include "parallel/tensor_parallel/vocab_utils.h"
 
 namespace bridge::models {
@@ -86,9 +88,7 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   }
   std::optional<RotaryTables> rotary;
   if (rotary_pos_emb_) rotary = rotary_pos_emb_->tables(position_ids);
-  for (const auto& layer : *layers) {
-    hidden = layer->as<TransformerLayerImpl>()->forward(hidden, attention_mask, rotary ? &*rotary : nullptr);
-  }
+  hidden = transformer_layers(hidden, attention_mask, rotary);
   if (!options_.post_process) return hidden;
 
   hidden = final_layernorm(hidden);
@@ -103,6 +103,34 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
                                           /*inplace=*/true)
       .transpose(0, 1)
       .contiguous();
+}
+
+torch::Tensor GPTModelImpl::transformer_layers(torch::Tensor hidden, const torch::Tensor& attention_mask,
+                                               const std::optional<RotaryTables>& rotary) {
+  // Layers [begin, end) as one function of their input: a checkpointed run of full recomputation.
+  const auto run = [this, attention_mask, rotary](int64_t begin, int64_t end) {
+    return [this, attention_mask, rotary, begin, end](const torch::autograd::variable_list& inputs) {
+      torch::Tensor x = inputs[0];
+      for (int64_t i = begin; i < end; ++i) {
+        x = layers[i]->as<TransformerLayerImpl>()->forward(x, attention_mask, rotary ? &*rotary : nullptr);
+      }
+      return torch::autograd::variable_list{x};
+    };
+  };
+  const auto count = static_cast<int64_t>(layers->size());
+  if (!is_training() || config_.recompute_granularity != RecomputeGranularity::kFull) return run(0, count)({hidden})[0];
+  // Megatron-Core's TransformerBlock._checkpointed_forward over this chunk's layers.
+  const int64_t n = config_.recompute_num_layers.value_or(1);
+  if (config_.recompute_method == RecomputeMethod::kUniform) {
+    for (int64_t begin = 0; begin < count; begin += n) {
+      hidden = tp::checkpoint(run(begin, std::min(begin + n, count)), {hidden})[0];
+    }
+    return hidden;
+  }
+  for (int64_t i = 0; i < count; ++i) {  // block: the first n layers checkpointed one by one
+    hidden = i < n ? tp::checkpoint(run(i, i + 1), {hidden})[0] : run(i, i + 1)({hidden})[0];
+  }
+  return hidden;
 }
 
 torch::Tensor GPTModelImpl::shared_embedding_or_output_weight() const {

@@ -63,6 +63,10 @@ class GPTModelImpl : public torch::nn::Module {
   torch::Tensor output_weight;
 
  private:
+  // The chunk's layers; under full recomputation (training) as Megatron-Core's checkpointed runs.
+  torch::Tensor transformer_layers(torch::Tensor hidden, const torch::Tensor& attention_mask,
+                                   const std::optional<RotaryTables>& rotary);
+
   GPTConfig config_;
   GPTChunkOptions options_;
   int64_t padded_vocab_size_;

@@ -51,7 +51,8 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
       local_groups_(config.query_groups() / parallel::get_tensor_model_parallel_world_size()),
       head_dim_(config.head_dim()),
       attention_dropout_(config.attention_dropout),
-      attention_backend_(config.attention_backend) {
+      attention_backend_(config.attention_backend),
+      recompute_core_attention_(config.recomputes("core_attn")) {
   const int64_t h = config.hidden_size;
   // The master QKV weight is grouped by key/value head, [q..q k v] per group: stride 1 gives each rank whole groups.
   tp::ColumnParallelLinearOptions qkv(h, config.qkv_size());
@@ -92,44 +93,56 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
     q = apply_rotary_pos_emb(q, *rotary);
     k = apply_rotary_pos_emb(k, *rotary);
   }
-  if (per_group > 1) {  // grouped-query attention: query head i reads key/value head i / per_group
-    k = k.repeat_interleave(per_group, /*dim=*/1);
-    v = v.repeat_interleave(per_group, /*dim=*/1);
-  }
   const bool dropout = is_training() && attention_dropout_ > 0.0;
-  torch::Tensor context;  // [b, heads, s, head_dim]
+  // Megatron's core attention, q, k, v to the context: what selective recomputation (core_attn) runs twice.
+  auto core_attention = [this, attention_mask, dropout, per_group](const torch::autograd::variable_list& heads) {
+    const torch::Tensor& query = heads[0];
+    torch::Tensor key = heads[1], value = heads[2];
+    if (per_group > 1) {  // grouped-query attention: query head i reads key/value head i / per_group
+      key = key.repeat_interleave(per_group, /*dim=*/1);
+      value = value.repeat_interleave(per_group, /*dim=*/1);
+    }
+    torch::Tensor context;  // [b, heads, s, head_dim]
 #if TORCH_VERSION_MAJOR >= 2
-  if (attention_backend_ == AttnBackend::kAuto) {
-    // SDPA draws its dropout mask from the default generator, as torch::dropout does (on CPU it is the same
-    // softmax-then-dropout, mask for mask), so the fork below gives it the same per-rank stream.
-    auto sdpa = [&](double dropout_p) {
-      if (attention_mask.defined()) {  // SDPA's boolean mask says where a query may look: the complement
-        return at::scaled_dot_product_attention(q, k, v, attention_mask.logical_not(), dropout_p, /*is_causal=*/false);
+    if (attention_backend_ == AttnBackend::kAuto) {
+      // SDPA draws its dropout mask from the default generator, as torch::dropout does (on CPU it is the same
+      // softmax-then-dropout, mask for mask), so the fork below gives it the same per-rank stream.
+      auto sdpa = [&](double dropout_p) {
+        if (attention_mask.defined()) {  // SDPA's boolean mask says where a query may look: the complement
+          return at::scaled_dot_product_attention(query, key, value, attention_mask.logical_not(), dropout_p,
+                                                  /*is_causal=*/false);
+        }
+        return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
+      };
+      if (dropout) {
+        auto fork = tp::get_rng_tracker().fork();
+        context = sdpa(attention_dropout_);
+      } else {
+        context = sdpa(0.0);
       }
-      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
-    };
-    if (dropout) {
-      auto fork = tp::get_rng_tracker().fork();
-      context = sdpa(attention_dropout_);
-    } else {
-      context = sdpa(0.0);
     }
-  }
 #endif
-  if (!context.defined()) {
-    torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-    if (!attention_mask.defined() && (causal_mask_.size(0) != s || causal_mask_.device() != scores.device())) {
-      causal_mask_ = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
+    if (!context.defined()) {
+      const int64_t length = query.size(2);
+      torch::Tensor scores = torch::matmul(query, key.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+      if (!attention_mask.defined() && (causal_mask_.size(0) != length || causal_mask_.device() != scores.device())) {
+        causal_mask_ =
+            torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
+      }
+      const torch::Tensor& future = attention_mask.defined() ? attention_mask : causal_mask_;
+      torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+      if (dropout) {
+        // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
+        auto fork = tp::get_rng_tracker().fork();
+        probs = torch::dropout(probs, attention_dropout_, /*train=*/true);
+      }
+      context = torch::matmul(probs, value);
     }
-    const torch::Tensor& future = attention_mask.defined() ? attention_mask : causal_mask_;
-    torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-    if (dropout) {
-      // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
-      auto fork = tp::get_rng_tracker().fork();
-      probs = torch::dropout(probs, attention_dropout_, /*train=*/true);
-    }
-    context = torch::matmul(probs, v);
-  }
+    return torch::autograd::variable_list{context};
+  };
+  const torch::Tensor context = is_training() && recompute_core_attention_
+                                    ? tp::checkpoint(core_attention, {q, k, v})[0]
+                                    : core_attention({q, k, v})[0];
   return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_}));
 }
 
@@ -168,7 +181,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& hidden_states) {
 }
 
 TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t layer_number)
-    : layer_number_(layer_number), hidden_dropout_(config.hidden_dropout) {
+    : layer_number_(layer_number), hidden_dropout_(config.hidden_dropout), recompute_mlp_(config.recomputes("mlp")) {
   const std::string prefix = layer_prefix(layer_number);
   auto norm = [&] { return Norm(config.normalization, config.hidden_size, config.layernorm_epsilon); };
   input_layernorm = register_module("input_layernorm", norm());
@@ -185,7 +198,13 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states, 
   torch::Tensor attention = self_attention(input_layernorm(hidden_states), attention_mask, rotary);
   if (dropout) attention = torch::dropout(attention, hidden_dropout_, /*train=*/true);
   torch::Tensor residual = hidden_states + attention;
-  torch::Tensor mlp_out = mlp(pre_mlp_layernorm(residual));
+  const torch::Tensor mlp_in = pre_mlp_layernorm(residual);
+  torch::Tensor mlp_out =
+      is_training() && recompute_mlp_
+          ? tp::checkpoint(
+                [this](const torch::autograd::variable_list& in) { return torch::autograd::variable_list{mlp(in[0])}; },
+                {mlp_in})[0]
+          : mlp(mlp_in);
   if (dropout) mlp_out = torch::dropout(mlp_out, hidden_dropout_, /*train=*/true);
   return residual + mlp_out;
 }

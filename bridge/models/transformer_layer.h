@@ -47,6 +47,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   int64_t head_dim_;
   double attention_dropout_;
   AttnBackend attention_backend_;
+  bool recompute_core_attention_;                                   // selective recomputation of the core attention
   torch::Tensor causal_mask_ = torch::empty({0, 0}, torch::kBool);  // [s, s], true above the diagonal; per length
 };
 TORCH_MODULE(SelfAttention);
@@ -82,6 +83,7 @@ class TransformerLayerImpl : public torch::nn::Module {
  private:
   int64_t layer_number_;
   double hidden_dropout_;
+  bool recompute_mlp_;  // selective recomputation of the MLP
 };
 TORCH_MODULE(TransformerLayer);
 

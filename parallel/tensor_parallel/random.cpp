@@ -143,6 +143,73 @@ void set_all_rng_states(const RngStates& states) {
   get_rng_tracker().set_states(states.tracker);
 }
 
+namespace {
+
+// What the first run of a checkpointed function leaves for backward besides its inputs, kept in the autograd
+// context as a capsule (LibTorch's way to hold a C++ object in an IValue).
+struct CheckpointState : torch::CustomClassHolder {
+  CheckpointedFunction function;
+  RngStates rng;
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, CheckpointedFunction function,
+                                                at::TensorList inputs) {
+    auto state = c10::make_intrusive<CheckpointState>();
+    state->rng = get_all_rng_states();
+    torch::autograd::variable_list outputs;
+    {
+      torch::NoGradGuard no_grad;
+      outputs = function(inputs.vec());
+    }
+    state->function = std::move(function);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    ctx->save_for_backward(inputs.vec());
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const c10::intrusive_ptr<torch::CustomClassHolder> capsule = ctx->saved_data["state"].toCapsule();
+    const auto* state = static_cast<const CheckpointState*>(capsule.get());
+    torch::autograd::variable_list inputs = ctx->get_saved_variables();
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].defined()) inputs[i] = inputs[i].detach().requires_grad_(ctx->needs_input_grad(i));
+    }
+    // The second run draws from the first run's streams; whatever the generators hold now is theirs again after.
+    const RngStates current = get_all_rng_states();
+    set_all_rng_states(state->rng);
+    torch::autograd::variable_list outputs;
+    try {
+      torch::AutoGradMode enable_grad(true);
+      outputs = state->function(inputs);
+    } catch (...) {
+      set_all_rng_states(current);
+      throw;
+    }
+    set_all_rng_states(current);
+    torch::autograd::variable_list roots, grads;
+    for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+    torch::autograd::variable_list input_grads{torch::Tensor()};  // the function argument's
+    for (const torch::Tensor& input : inputs) input_grads.push_back(input.defined() ? input.grad() : torch::Tensor());
+    return input_grads;
+  }
+};
+
+}  // namespace
+
+torch::autograd::variable_list checkpoint(CheckpointedFunction function, const torch::autograd::variable_list& inputs) {
+  if (!torch::GradMode::is_enabled()) return function(inputs);
+  return CheckpointFunction::apply(std::move(function), at::TensorList(inputs));
+}
+
 void model_parallel_manual_seed(uint64_t seed) {
   const int tp_rank = get_tensor_model_parallel_rank();
   torch::manual_seed(seed);

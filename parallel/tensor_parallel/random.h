@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -71,6 +72,18 @@ struct RngStates {
 RngStates get_all_rng_states();
 /// Restores what get_all_rng_states returned (a CUDA state only where CUDA is available).
 void set_all_rng_states(const RngStates& states);
+
+/// What checkpoint() runs: tensors in, tensors out.
+using CheckpointedFunction = std::function<torch::autograd::variable_list(const torch::autograd::variable_list&)>;
+
+/// Megatron's tensor_parallel.checkpoint (CheckpointFunction): runs `function(inputs)` keeping none of its
+/// activations, only `inputs`; backward runs it again from those inputs, under the RNG states (CPU, CUDA and the
+/// tracker's streams) that the first run started from, so dropout draws the same masks, and backpropagates through
+/// that second run. Parameters inside `function` get their gradients during that inner backward (their hooks and
+/// the grad buffer's fusion fire as usual). Under no_grad it is just `function(inputs)`.
+///
+///   hidden = checkpoint([&](const variable_list& in) { return variable_list{layer(in[0])}; }, {hidden})[0];
+torch::autograd::variable_list checkpoint(CheckpointedFunction function, const torch::autograd::variable_list& inputs);
 
 /// Seeds the default generators with `seed` (identical across a TP group; the CPU's and every CUDA device's, as
 /// torch.manual_seed) and resets the tracker to one stream,

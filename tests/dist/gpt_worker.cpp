@@ -109,7 +109,14 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   });
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   apply_mixed_precision_recipe(config.mixed_precision, precision);
-  if (block == "llama") testing::use_llama_block(config.model);
+  // "<block>[+full_recompute]": the block, then full recomputation of every layer (Megatron's uniform, 1 layer).
+  const std::string::size_type plus = block.find('+');
+  if (block.substr(0, plus) == "llama") testing::use_llama_block(config.model);
+  if (plus != std::string::npos && block.substr(plus + 1) == "full_recompute") {
+    config.model.recompute_granularity = models::RecomputeGranularity::kFull;
+    config.model.recompute_method = models::RecomputeMethod::kUniform;
+    config.model.recompute_num_layers = 1;
+  }
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
   const int64_t chunks = vpp > 0 ? vpp : 1;

@@ -117,6 +117,22 @@ TEST(MegatronBridgeKeys, FeaturesBridgeLacksAreAcceptedOnlyWhenOff) {
   EXPECT_TRUE(llama.model.qk_layernorm);
   EXPECT_EQ(llama.model.rotary_base, 500000.0);
   EXPECT_THAT(override_error("model.normalization=BatchNorm"), HasSubstr("LayerNorm or RMSNorm"));
+  // Megatron-Core's recompute keys, as its recipes write them.
+  const ConfigContainer full = with_overrides(
+      {"model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1",
+       "model.distribute_saved_activations=false", "model.recompute_modules=null"});
+  EXPECT_EQ(full.model.recompute_granularity, models::RecomputeGranularity::kFull);
+  EXPECT_EQ(full.model.recompute_method, models::RecomputeMethod::kUniform);
+  EXPECT_EQ(full.model.recompute_num_layers, 1);
+  EXPECT_FALSE(full.model.recomputes("core_attn"));
+  const ConfigContainer selective =
+      with_overrides({"model.recompute_granularity=selective", "model.recompute_modules=[core_attn, mlp]"});
+  EXPECT_TRUE(selective.model.recomputes("core_attn"));
+  EXPECT_TRUE(selective.model.recomputes("mlp"));
+  EXPECT_TRUE(with_overrides({"model.recompute_granularity=selective"}).model.recomputes("core_attn"));
+  EXPECT_THAT(override_error("model.distribute_saved_activations=true"),
+              HasSubstr("keeps each checkpointed layer input whole"));
+  EXPECT_THAT(override_error("model.recompute_granularity=partial"), HasSubstr("full"));
   EXPECT_THAT(override_error("optimizer.use_distributed_optimizer=true"),
               HasSubstr("whole optimizer state on every data-parallel rank"));
   EXPECT_THAT(override_error("dist.distributed_timeout_minutes=2.5"), HasSubstr("whole number of minutes, got 2.5"));

@@ -188,6 +188,45 @@ TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
   }
 }
 
+// GPT-2 124M at 4 x 1024 tokens in fp32, by hand from Korthikanti et al.'s count (s b h (10 + 24 / t) at 16 bits,
+// twice in fp32): what each recomputation mode leaves of the activations (the logits, 4096 x 50304 fp32, stay).
+TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
+  ConfigContainer config;
+  config.model.num_layers = 12;
+  config.model.hidden_size = 768;
+  config.model.num_attention_heads = 12;
+  config.model.seq_length = 1024;
+  config.model.vocab_size = 50257;
+  config.train.micro_batch_size = 4;
+  config.train.global_batch_size = 4;
+  const double sbh = 1024.0 * 4 * 768, logits = 4096.0 * 50304 * 4;
+  const double layer = sbh * 34 * 2, input = sbh * 4;
+  const auto activations = [&](const ConfigContainer& c) { return training::utils::estimate_memory(c, 1).activations; };
+  EXPECT_DOUBLE_EQ(activations(config), 12 * layer + logits);
+  ConfigContainer full = config;
+  full.model.recompute_granularity = models::RecomputeGranularity::kFull;
+  full.model.recompute_method = models::RecomputeMethod::kUniform;
+  full.model.recompute_num_layers = 1;
+  EXPECT_DOUBLE_EQ(activations(full), 12 * input + layer + logits);
+  full.model.recompute_num_layers = 4;  // 3 runs of 4 layers, one rebuilt at a time
+  EXPECT_DOUBLE_EQ(activations(full), 3 * input + 4 * layer + logits);
+  full.model.recompute_method = models::RecomputeMethod::kBlock;  // 4 layers keep their inputs, 8 everything
+  EXPECT_DOUBLE_EQ(activations(full), 4 * input + 8 * layer + logits);
+  ConfigContainer selective = config;
+  selective.model.recompute_granularity = models::RecomputeGranularity::kSelective;
+  selective.model.recompute_modules = std::vector<std::string>{"mlp"};  // without fc1's and GeLU's outputs: 18
+  EXPECT_DOUBLE_EQ(activations(selective), 12 * sbh * 18 * 2 + logits);
+  // The unfused attention keeps the 12 heads' 1024 x 1024 probabilities (2 a s / h without dropout, 5 with), which
+  // selective core_attn recomputes.
+  config.model.attention_backend = models::AttnBackend::kUnfused;
+  config.model.attention_dropout = 0.0;
+  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (34 + 2.0 * 12 * 1024 / 768) * 2 + logits);
+  config.model.attention_dropout = 0.1;
+  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (34 + 5.0 * 12 * 1024 / 768) * 2 + logits);
+  config.model.recompute_granularity = models::RecomputeGranularity::kSelective;
+  EXPECT_DOUBLE_EQ(activations(config), 12 * layer + logits);
+}
+
 // The preflight's error, checked to come before the first step.
 std::string preflight_error(ConfigContainer config, int* train_starts) {
   auto callbacks = std::make_shared<CallbackManager>();

@@ -253,6 +253,11 @@ struct Codec<models::Normalization> : NamedEnumCodec<models::Normalization, mode
 template <>
 struct Codec<models::PositionEmbeddingType>
     : NamedEnumCodec<models::PositionEmbeddingType, models::kPositionEmbeddingTypeNames> {};
+template <>
+struct Codec<models::RecomputeGranularity>
+    : NamedEnumCodec<models::RecomputeGranularity, models::kRecomputeGranularityNames> {};
+template <>
+struct Codec<models::RecomputeMethod> : NamedEnumCodec<models::RecomputeMethod, models::kRecomputeMethodNames> {};
 
 // Options keep the YAML text they were written as: a scalar as it reads, anything else in flow style.
 inline std::string yaml_text(const YAML::Node& node) {

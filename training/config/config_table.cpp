@@ -69,6 +69,19 @@ const std::vector<Field>& fields() {
       field("model.gradient_accumulation_fusion", &C::model, &GPTConfig::gradient_accumulation_fusion,
             "Weight gradients (GEMMs, embedding) add straight into the grad buffer (Megatron's fusion); off for "
             "autograd::grad()."),
+      field("model.recompute_granularity", &C::model, &GPTConfig::recompute_granularity,
+            "Activation recomputation: null keeps every activation; full recomputes whole layers in backward "
+            "(model.recompute_method, model.recompute_num_layers); selective the model.recompute_modules of every "
+            "layer."),
+      field("model.recompute_method", &C::model, &GPTConfig::recompute_method,
+            "full recomputation: uniform (every model.recompute_num_layers layers form one checkpointed run) or block "
+            "(the first model.recompute_num_layers layers of each model chunk are checkpointed)."),
+      field("model.recompute_num_layers", &C::model, &GPTConfig::recompute_num_layers,
+            "full recomputation: layers per run (uniform) or layers checkpointed (block); 1 to the layers of a "
+            "pipeline stage."),
+      field("model.recompute_modules", &C::model, &GPTConfig::recompute_modules,
+            "selective recomputation: core_attn (the attention from q, k, v to its output) and/or mlp; null = "
+            "[core_attn]."),
 
       field("train.micro_batch_size", &C::train, &TrainingConfig::micro_batch_size,
             "Samples per forward/backward pass on one rank."),

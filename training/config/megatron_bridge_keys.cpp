@@ -52,7 +52,8 @@ constexpr Entry kEntries[] = {
     {"model.expert_model_parallel_size", Rule::kOnly, "1", "bridge's GPT has no experts"},
     {"model.num_moe_experts", Rule::kOnly, "null", "bridge's GPT has no experts"},
     {"model.apply_residual_connection_post_layernorm", Rule::kOnly, "false", kPreNorm},
-    {"model.recompute_granularity", Rule::kOnly, "null", "bridge keeps every activation (no recomputation)"},
+    {"model.distribute_saved_activations", Rule::kOnly, "false",
+     "bridge keeps each checkpointed layer input whole on every tensor-parallel rank"},
     // Megatron-Bridge's init functions, normal(0, init_method_std) as bridge's, written as Hydra partials.
     {"model.init_method", Rule::kIgnore, ""},
     {"model.output_layer_init_method", Rule::kIgnore, ""},

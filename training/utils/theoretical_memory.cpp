@@ -3,6 +3,7 @@
 #include "training/utils/theoretical_memory.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "parallel/tensor_parallel/vocab_utils.h"
@@ -41,6 +42,28 @@ double position_parameters(const models::GPTConfig& m) {
              : 0;
 }
 
+// What one layer keeps for backward, one micro-batch: Korthikanti et al. 2022's count without sequence parallelism,
+// in bytes at 16 bits, s b h (10 + 24 / t) for GPT's MLP: 10 on every tensor-parallel rank (the two norms' inputs,
+// QKV's and fc1's inputs, the dropout masks), 8 / t of attention (q, k, v, the projection's input) and 16 / t of MLP
+// (fc1's output and the activation's; 32 / t gated: [gate; up], act(gate) and the product), twice that in fp32. The
+// s x s probabilities (5 a s / h: softmax, dropout mask and dropped probabilities; 2 without dropout) are counted
+// only where they are certainly kept: the unfused backend, or attention dropout on CPU (LibTorch's flash kernels
+// take no dropout there). Selective recomputation takes out core_attn's probabilities and mlp's two outputs.
+double layer_activation_bytes(const ConfigContainer& config) {
+  const models::GPTConfig& m = config.model;
+  const double tp = config.parallelism.tensor_model_parallel_size;
+  const double s = static_cast<double>(m.seq_length), h = static_cast<double>(m.hidden_size);
+  const double a = static_cast<double>(m.num_attention_heads), f = static_cast<double>(m.ffn_size());
+  const double mlp = m.recomputes("mlp") ? 0 : (m.gated_linear_unit ? 8 : 4) * f / h;
+  const bool keeps_probabilities = m.attention_backend == models::AttnBackend::kUnfused ||
+                                   (m.attention_dropout > 0 && config.parallelism.device == "cpu");
+  const double probabilities =
+      keeps_probabilities && !m.recomputes("core_attn") ? (m.attention_dropout > 0 ? 5 : 2) * a * s / h : 0;
+  const double units = 10 + (8 + mlp + probabilities) / tp;
+  return s * static_cast<double>(config.train.micro_batch_size) * h * units *
+         (config.mixed_precision.enabled() ? 1 : 2);
+}
+
 }  // namespace
 
 double num_parameters(const models::GPTConfig& m, int tensor_model_parallel_size) {
@@ -58,7 +81,6 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   const double tp = config.parallelism.tensor_model_parallel_size;
   const int pp = config.parallelism.pipeline_model_parallel_size;
   const double h = static_cast<double>(m.hidden_size);
-  const double f = static_cast<double>(m.ffn_size());
   const double s = static_cast<double>(m.seq_length);
   const double b = static_cast<double>(config.train.micro_batch_size);
   const double vocab = static_cast<double>(parallel::tensor_parallel::vocab_size_with_padding(
@@ -85,10 +107,23 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   // 1F1B: the first stage keeps the activations of up to pp micro-batches (Megatron's report multiplies by pp).
   const int64_t microbatches = config.num_microbatches(world_size);
   const int64_t in_flight = std::max<int64_t>(1, std::min<int64_t>(pp, microbatches));
-  // Megatron's per-layer activations with selective recomputation, in bytes at 16 bits: s b h (18 + 4 f / h) / tp;
-  // twice that in fp32. Like Megatron's report, it counts neither grouped-query attention nor a gated MLP.
-  const double act_scale = mp.enabled() ? 1.0 : 2.0;
-  const double layer_activations = s * b * h * (18 + 4 * f / h) / tp * act_scale;
+  const double layer_activations = layer_activation_bytes(config);
+  // Full recomputation keeps each checkpointed run's input, [s, b, h] per run, and rebuilds one run's activations at
+  // a time in backward.
+  const double run_input = s * b * h * (mp.enabled() ? 2 : 4);
+  const auto stage_activations = [&](double micro_batches) {
+    if (m.recompute_granularity != models::RecomputeGranularity::kFull)
+      return micro_batches * layers * layer_activations;
+    const int vpp = config.parallelism.virtual_pipeline_model_parallel_size.value_or(1);
+    const double chunk_layers = layers / vpp;
+    const double n = std::min(static_cast<double>(m.recompute_num_layers.value_or(1)), chunk_layers);
+    if (m.recompute_method == models::RecomputeMethod::kUniform) {
+      return micro_batches * vpp * std::ceil(chunk_layers / n) * run_input + n * layer_activations;
+    }
+    // block: the first n layers of each chunk keep their inputs, the others everything.
+    return micro_batches * vpp * (n * run_input + (chunk_layers - n) * layer_activations) +
+           (n == chunk_layers ? layer_activations : 0);
+  };
   // fp32 logits, which the loss turns into the softmax and then into their own gradient in place.
   const double logits = s * b * vocab / tp * 4;
 
@@ -103,8 +138,8 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
     return estimate;
   };
   const MemoryEstimate first_stage =
-      stage(first, layers * layer_activations * static_cast<double>(in_flight) + (pp == 1 ? logits : 0));
-  const MemoryEstimate last_stage = stage(last, layers * layer_activations + logits);
+      stage(first, stage_activations(static_cast<double>(in_flight)) + (pp == 1 ? logits : 0));
+  const MemoryEstimate last_stage = stage(last, stage_activations(1) + logits);
   return first_stage.total() >= last_stage.total() ? first_stage : last_stage;
 }
 

@@ -37,8 +37,10 @@ struct MemoryEstimate {
 /// the final norm, and the output layer when it is not tied; the vocabulary padded as for `tensor_model_parallel_size`.
 double num_parameters(const models::GPTConfig& model, int tensor_model_parallel_size);
 
-/// The estimate for a job of `world_size` ranks. The activations follow Megatron's formula (Korthikanti et al. 2022,
-/// with selective recomputation, which bridge does not do): a lower bound, so a run it rejects cannot fit.
+/// The estimate for a job of `world_size` ranks. The activations follow Korthikanti et al. 2022 without sequence
+/// parallelism, with the model's recomputation (full: the checkpointed runs' inputs and one run rebuilt at a time;
+/// selective: without core_attn's s x s probabilities or mlp's outputs), counting only what is certainly kept: a lower
+/// bound, so a run it rejects cannot fit.
 MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size);
 
 /// The estimate's parts: "3.2 GiB (weights 1.0 GiB, gradients 1.0 GiB, optimizer 1.0 GiB, activations 0.2 GiB for 4
