@@ -4,7 +4,6 @@
 // less after forward.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -14,6 +13,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/random.h"
+#include "utils/counting_allocator.h"
 
 namespace bridge::models {
 namespace {
@@ -104,13 +104,11 @@ struct Step {
   torch::Tensor loss;
   std::vector<torch::Tensor> grads;
   tp::RngStates after;
-  double kept_after_forward = 0;  // bytes malloc holds after forward, over what it held before
+  double kept_after_forward = 0;  // bytes of tensors alive after forward, over those before
 };
 
-double malloc_in_use() {
-  const struct mallinfo2 info = mallinfo2();
-  return static_cast<double>(info.uordblks + info.hblkhd);
-}
+// Bytes of live CPU tensors (malloc's own statistics are a sanitizer's allocator's in the ASan build).
+double tensor_bytes() { return static_cast<double>(utils::CountingCpuAllocator::install().allocated_bytes()); }
 
 Step train_step(const GPTConfig& config) {
   tp::model_parallel_manual_seed(11);
@@ -122,9 +120,9 @@ Step train_step(const GPTConfig& config) {
   const torch::Tensor positions = torch::arange(config.seq_length).expand({4, config.seq_length});
   const torch::Tensor labels = tokens.roll(-1, 1);
   Step step;
-  const double before = malloc_in_use();
+  const double before = tensor_bytes();
   step.loss = model->forward(tokens, positions, labels).mean();
-  step.kept_after_forward = malloc_in_use() - before;
+  step.kept_after_forward = tensor_bytes() - before;
   step.loss.backward();
   for (const auto& param : model->parameters()) step.grads.push_back(param.grad());
   step.after = tp::get_all_rng_states();
