@@ -243,23 +243,23 @@ void check_pickle_lengths(std::string_view pickle) {
   }
 }
 
-// LibTorch 1.13's unpickler sets each tensor's sizes, strides and offset as the pickle gives them without comparing
-// them with its storage (2.x checks), so every tensor of a loaded value is checked here; `where` is its path in the
-// value ("nested/u").
-void check_tensor_extents(const c10::IValue& value, const std::string& where) {
+// Every tensor of a loaded value, checked for what LibTorch's unpickler lets through: a quantized dtype without a
+// quantizer, and (1.13's, which sets sizes, strides and offset as the pickle gives them; 2.x compares them with the
+// storage) a tensor reaching past its storage. `where` is its path in the value ("nested/u").
+void check_loaded_tensors(const c10::IValue& value, const std::string& where) {
   if (value.isGenericDict()) {
     for (const auto& item : value.toGenericDict()) {
       const std::string key = item.key().isString() ? item.key().toStringRef() : "?";
-      check_tensor_extents(item.value(), where.empty() ? key : where + "/" + key);
+      check_loaded_tensors(item.value(), where.empty() ? key : where + "/" + key);
     }
   } else if (value.isList()) {
     std::size_t i = 0;
     for (const c10::IValue& item : value.toListRef())
-      check_tensor_extents(item, where + "[" + std::to_string(i++) + "]");
+      check_loaded_tensors(item, where + "[" + std::to_string(i++) + "]");
   } else if (value.isTuple()) {
     std::size_t i = 0;
     for (const c10::IValue& item : value.toTupleRef().elements()) {
-      check_tensor_extents(item, where + "[" + std::to_string(i++) + "]");
+      check_loaded_tensors(item, where + "[" + std::to_string(i++) + "]");
     }
   } else if (value.isTensor() && value.toTensor().defined() && c10::isQIntType(value.toTensor().scalar_type())) {
     // A QInt storage under _rebuild_tensor_v2 makes a quantized-dtype tensor with no quantizer, which LibTorch's own
@@ -344,7 +344,7 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check
     // Each storage is the record's bytes, as many as the file holds and not resizable. Left to itself, the
     // unpickler sizes a storage by the element count its pickle declares, whatever the record holds, so a damaged
     // file (or one naming a float storage's key again as int64s) made a tensor reaching past its buffer. Now a
-    // storage too small for its tensor is refused (by 2.x's unpickler, and by check_tensor_extents on 1.13). Tensors
+    // storage too small for its tensor is refused (by 2.x's unpickler, and by check_loaded_tensors on 1.13). Tensors
     // sharing a key also share one storage again, as in Python, instead of each reading its own copy.
     auto storages = std::make_shared<torch::jit::DeserializationStorageContext>();
     for (const std::string& name : reader.getAllRecords()) {
@@ -355,7 +355,7 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check
     }
     const c10::IValue value = torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader,
                                                                 torch::jit::Unpickler::defaultTypeParser, storages);
-    check_tensor_extents(value, "");
+    check_loaded_tensors(value, "");
     return tensors_as_floats(value);
   } catch (const std::exception& error) {
     throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + describe(error) +

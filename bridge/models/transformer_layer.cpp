@@ -40,6 +40,48 @@ double output_layer_std(const GPTConfig& config) {
 
 std::string layer_prefix(int64_t layer_number) { return "decoder.layers." + std::to_string(layer_number) + "."; }
 
+// Megatron's core attention, q, k, v ([b, heads or groups, s, head_dim]) to the context [b, heads, s, head_dim]: what
+// selective recomputation (core_attn) runs twice. `causal_mask` caches the [s, s] mask of the unfused path.
+torch::Tensor core_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
+                             const torch::Tensor& attention_mask, double dropout, AttnBackend backend,
+                             torch::Tensor& causal_mask) {
+  const int64_t per_group = q.size(1) / k.size(1);
+  if (per_group > 1) {  // grouped-query attention: query head i reads key/value head i / per_group
+    k = k.repeat_interleave(per_group, /*dim=*/1);
+    v = v.repeat_interleave(per_group, /*dim=*/1);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  if (backend == AttnBackend::kAuto) {
+    // SDPA draws its dropout mask from the default generator, as torch::dropout does (on CPU it is the same
+    // softmax-then-dropout, mask for mask), so the fork gives it the same per-rank stream.
+    const auto sdpa = [&] {
+      if (attention_mask.defined()) {  // SDPA's boolean mask says where a query may look: the complement
+        return at::scaled_dot_product_attention(q, k, v, attention_mask.logical_not(), dropout, /*is_causal=*/false);
+      }
+      return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+    };
+    if (dropout == 0.0) return sdpa();
+    auto fork = tp::get_rng_tracker().fork();
+    return sdpa();
+  }
+#else
+  (void)backend;
+#endif
+  const int64_t s = q.size(2);
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
+  if (!attention_mask.defined() && (causal_mask.size(0) != s || causal_mask.device() != scores.device())) {
+    causal_mask = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
+  }
+  const torch::Tensor& future = attention_mask.defined() ? attention_mask : causal_mask;
+  torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+  if (dropout > 0.0) {
+    // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
+    auto fork = tp::get_rng_tracker().fork();
+    probs = torch::dropout(probs, dropout, /*train=*/true);
+  }
+  return torch::matmul(probs, v);
+}
+
 }  // namespace
 
 tp::InitMethod init_method_for(const GPTConfig& config, const std::string& name, double std) {
@@ -93,56 +135,13 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
     q = apply_rotary_pos_emb(q, *rotary);
     k = apply_rotary_pos_emb(k, *rotary);
   }
-  const bool dropout = is_training() && attention_dropout_ > 0.0;
-  // Megatron's core attention, q, k, v to the context: what selective recomputation (core_attn) runs twice.
-  auto core_attention = [this, attention_mask, dropout, per_group](const torch::autograd::variable_list& heads) {
-    const torch::Tensor& query = heads[0];
-    torch::Tensor key = heads[1], value = heads[2];
-    if (per_group > 1) {  // grouped-query attention: query head i reads key/value head i / per_group
-      key = key.repeat_interleave(per_group, /*dim=*/1);
-      value = value.repeat_interleave(per_group, /*dim=*/1);
-    }
-    torch::Tensor context;  // [b, heads, s, head_dim]
-#if TORCH_VERSION_MAJOR >= 2
-    if (attention_backend_ == AttnBackend::kAuto) {
-      // SDPA draws its dropout mask from the default generator, as torch::dropout does (on CPU it is the same
-      // softmax-then-dropout, mask for mask), so the fork below gives it the same per-rank stream.
-      auto sdpa = [&](double dropout_p) {
-        if (attention_mask.defined()) {  // SDPA's boolean mask says where a query may look: the complement
-          return at::scaled_dot_product_attention(query, key, value, attention_mask.logical_not(), dropout_p,
-                                                  /*is_causal=*/false);
-        }
-        return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p, /*is_causal=*/true);
-      };
-      if (dropout) {
-        auto fork = tp::get_rng_tracker().fork();
-        context = sdpa(attention_dropout_);
-      } else {
-        context = sdpa(0.0);
-      }
-    }
-#endif
-    if (!context.defined()) {
-      const int64_t length = query.size(2);
-      torch::Tensor scores = torch::matmul(query, key.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-      if (!attention_mask.defined() && (causal_mask_.size(0) != length || causal_mask_.device() != scores.device())) {
-        causal_mask_ =
-            torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool).device(scores.device())).triu(1);
-      }
-      const torch::Tensor& future = attention_mask.defined() ? attention_mask : causal_mask_;
-      torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-      if (dropout) {
-        // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
-        auto fork = tp::get_rng_tracker().fork();
-        probs = torch::dropout(probs, attention_dropout_, /*train=*/true);
-      }
-      context = torch::matmul(probs, value);
-    }
-    return torch::autograd::variable_list{context};
+  const double dropout = is_training() ? attention_dropout_ : 0.0;
+  const auto core = [this, attention_mask, dropout](const torch::autograd::variable_list& heads) {
+    return torch::autograd::variable_list{
+        core_attention(heads[0], heads[1], heads[2], attention_mask, dropout, attention_backend_, causal_mask_)};
   };
-  const torch::Tensor context = is_training() && recompute_core_attention_
-                                    ? tp::checkpoint(core_attention, {q, k, v})[0]
-                                    : core_attention({q, k, v})[0];
+  const torch::Tensor context =
+      is_training() && recompute_core_attention_ ? tp::checkpoint(core, {q, k, v})[0] : core({q, k, v})[0];
   return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_}));
 }
 

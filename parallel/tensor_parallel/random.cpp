@@ -152,6 +152,15 @@ struct CheckpointState : torch::CustomClassHolder {
   RngStates rng;
 };
 
+// Puts back, when it ends, the RNG states there were when it began.
+struct RestoreRngStates {
+  RestoreRngStates() : states(get_all_rng_states()) {}
+  RestoreRngStates(const RestoreRngStates&) = delete;
+  RestoreRngStates& operator=(const RestoreRngStates&) = delete;
+  ~RestoreRngStates() { set_all_rng_states(states); }
+  RngStates states;
+};
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, CheckpointedFunction function,
@@ -177,18 +186,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].defined()) inputs[i] = inputs[i].detach().requires_grad_(ctx->needs_input_grad(i));
     }
-    // The second run draws from the first run's streams; whatever the generators hold now is theirs again after.
-    const RngStates current = get_all_rng_states();
-    set_all_rng_states(state->rng);
     torch::autograd::variable_list outputs;
-    try {
+    {
+      // The second run draws from the first run's streams; whatever the generators hold now is theirs again after.
+      const RestoreRngStates restore;
+      set_all_rng_states(state->rng);
       torch::AutoGradMode enable_grad(true);
       outputs = state->function(inputs);
-    } catch (...) {
-      set_all_rng_states(current);
-      throw;
     }
-    set_all_rng_states(current);
     torch::autograd::variable_list roots, grads;
     for (std::size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
       if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {

@@ -59,7 +59,9 @@ TEST_F(Recompute, CheckpointGivesTheSameOutputGradientsAndRngStatesAsThePlainRun
       return variable_list{h * in[1], h.sum()};
     };
     const variable_list outputs = checkpointed ? tp::checkpoint(function, {x, scale}) : function({x, scale});
-    (outputs[0].pow(2).sum() + outputs[1]).backward();
+    // Draws after the function (a later layer's dropout): backward's replay must leave the generators past them.
+    const torch::Tensor later = torch::rand({4, 8});
+    (outputs[0].pow(2).sum() + outputs[1] + (outputs[0] * later).sum()).backward();
     result.output = outputs[0].detach();
     result.x_grad = x.grad();
     result.w_grad = w.grad();
