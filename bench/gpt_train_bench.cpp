@@ -5,6 +5,10 @@
 //       model_gflops=<per step> peak_rss_mb=<this process's peak resident memory> live_peak_mb=<peak bytes of live
 //       CPU tensors> predicted_mb=<the preflight's estimate> predicted_activations_mb=<its activations>
 // Config overrides follow the flags as bridge-pretrain's: gpt_train_bench ... model.recompute_granularity=selective
+// Under torchrun each rank prints its own line, with rank=<r> and the per-rank prediction (the memory figures of
+// tensor and sequence parallelism):
+//   torchrun --nproc-per-node 2 gpt_train_bench ... parallelism.tensor_model_parallel_size=2
+//   model.sequence_parallel=true
 // --attention unfused times the explicit softmax attention against the default (SDPA on LibTorch 2.x).
 //
 //   gpt_train_bench --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 --micro-batch 4 --steps 4
@@ -16,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cxxopts.hpp>
 #include <limits>
 #include <map>
@@ -151,13 +156,17 @@ int main(int argc, char** argv) {
       std::printf(" %s=%.2f", phase, median(phase_ms[phase]));
     }
     std::printf("\n");
-    const bridge::training::utils::MemoryEstimate estimate = bridge::training::utils::estimate_memory(config, 1);
+    const char* world_env = std::getenv("WORLD_SIZE");
+    const char* rank_env = std::getenv("RANK");
+    const int world = world_env != nullptr ? std::atoi(world_env) : 1;
+    const bridge::training::utils::MemoryEstimate estimate = bridge::training::utils::estimate_memory(config, world);
     constexpr double kMiB = 1024.0 * 1024.0;
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
     const double gflops =
         bridge::training::utils::num_floating_point_operations(config.model, config.train.micro_batch_size, /*tp=*/1) /
         1e9;
+    if (world > 1) std::printf("cpp rank=%s world=%d\n", rank_env != nullptr ? rank_env : "?", world);
     std::printf(
         "cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s torch=%s "
         "model_gflops=%.2f peak_rss_mb=%.0f live_peak_mb=%.0f predicted_mb=%.0f predicted_activations_mb=%.0f\n",

@@ -25,10 +25,16 @@ torch::Tensor forward_logits(const std::vector<models::GPTModelImpl*>& chunks, c
   const int pipeline_size = distributed ? parallel::get_pipeline_model_parallel_world_size() : 1;
   const bool virtual_pipeline =
       distributed && parallel::get_virtual_pipeline_model_parallel_world_size().value_or(1) > 1;
-  const torch::Tensor input = tokens.to(device, torch::kInt64);
-  const torch::Tensor position_ids = torch::arange(seq_length, torch::dtype(torch::kInt64).device(device))
+  // Sequence parallelism splits the sequence over the tensor-parallel ranks: a prompt of any length is padded at
+  // the end to a multiple of tp, which the causal mask keeps from the real positions (model.seq_length is a multiple).
+  const int tp = distributed ? parallel::get_tensor_model_parallel_world_size() : 1;
+  const bool sequence_parallel = models::uses_sequence_parallel(config, tp);
+  const int64_t padded_length = sequence_parallel ? (seq_length + tp - 1) / tp * tp : seq_length;
+  torch::Tensor input = tokens.to(device, torch::kInt64);
+  if (padded_length > seq_length) input = torch::constant_pad_nd(input, {0, padded_length - seq_length}, 0);
+  const torch::Tensor position_ids = torch::arange(padded_length, torch::dtype(torch::kInt64).device(device))
                                          .unsqueeze(0)
-                                         .expand({batch, seq_length})
+                                         .expand({batch, padded_length})
                                          .contiguous();
   const torch::Tensor rows = torch::arange(batch, torch::dtype(torch::kInt64).device(device));
   const torch::Tensor kept = positions.defined() ? positions.to(device, torch::kInt64) : torch::Tensor();
@@ -39,7 +45,7 @@ torch::Tensor forward_logits(const std::vector<models::GPTModelImpl*>& chunks, c
   }
   schedule.num_microbatches = virtual_pipeline ? pipeline_size : 1;
   if (virtual_pipeline) schedule.microbatch_group_size_per_vp_stage = pipeline_size;
-  schedule.tensor_shape = {seq_length, batch, config.hidden_size};
+  schedule.tensor_shape = {padded_length / (sequence_parallel ? tp : 1), batch, config.hidden_size};
   schedule.dtype = dtype;
   schedule.device = device;
   schedule.forward_only = true;
@@ -47,7 +53,7 @@ torch::Tensor forward_logits(const std::vector<models::GPTModelImpl*>& chunks, c
   schedule.forward_step_func = [&](int64_t microbatch, int64_t chunk) {
     torch::Tensor output = chunks[static_cast<std::size_t>(chunk)]->forward(input, position_ids);
     pp::LossFunc loss = [&, microbatch](const torch::Tensor& out) {
-      if (microbatch == 0) logits = kept.defined() ? out.index({rows, kept}) : out;
+      if (microbatch == 0) logits = kept.defined() ? out.index({rows, kept}) : out.narrow(1, 0, seq_length);
       return pp::LossOutput{torch::zeros({}, out.options().dtype(torch::kFloat)), {}, {}};
     };
     return std::pair{output, loss};

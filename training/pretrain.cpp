@@ -151,7 +151,10 @@ void build(PretrainSetup& setup) {
   setup.data_parallel_size = parallel::get_data_parallel_world_size();
   setup.data_parallel_rank = parallel::get_data_parallel_rank();
   setup.num_microbatches = config.num_microbatches(setup.world_size);
-  setup.tensor_shape = {config.model.seq_length, config.train.micro_batch_size, config.model.hidden_size};
+  // Under sequence parallelism the stages exchange each rank's part of the sequence (Megatron's get_tensor_shapes).
+  const int tp = parallel::get_tensor_model_parallel_world_size();
+  const int64_t seq = config.model.seq_length / (models::uses_sequence_parallel(config.model, tp) ? tp : 1);
+  setup.tensor_shape = {seq, config.train.micro_batch_size, config.model.hidden_size};
 
   setup.model = models::build_gpt_model(config.model);
   // Built in fp32 from the seeded master init, then cast: every layout and precision starts from the same model.

@@ -145,6 +145,10 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
                                         str(query_groups()));
   require(ffn_size() % tp == 0, "model.ffn_hidden_size (" + str(ffn_size()) +
                                     ") must be divisible by the tensor-parallel size (" + str(tp) + ")");
+  require(!uses_sequence_parallel(*this, tensor_model_parallel_size) || seq_length % tp == 0,
+          "model.sequence_parallel splits each sequence over the tensor-parallel ranks, but model.seq_length (" +
+              str(seq_length) + ") is not divisible by the tensor-parallel size (" + str(tp) + "); use a multiple of " +
+              str(tp) + " or set model.sequence_parallel: false");
   validate_recompute(*this, pipeline_model_parallel_size);
   const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *
                          static_cast<int64_t>(virtual_pipeline_model_parallel_size.value_or(1));

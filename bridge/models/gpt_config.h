@@ -167,6 +167,11 @@ struct GPTConfig {
   std::optional<int64_t> recompute_num_layers;
   /// selective: the modules recomputed; null means ["core_attn"], as Megatron-Core.
   std::optional<std::vector<std::string>> recompute_modules;
+  /// Megatron-Core's sequence_parallel: the norms, dropouts and residuals work on [seq_length / tp, b, h], each
+  /// tensor-parallel rank on its part of the sequence; an all-gather before each column-parallel GEMM and a
+  /// reduce-scatter after each row-parallel one replace the all-reduce. Needs seq_length divisible by tp; off (as
+  /// Megatron turns it off) at tp 1. Activations per layer go from s b h (10 + 24 / tp) to s b h 34 / tp bytes.
+  bool sequence_parallel = false;
 
   int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
@@ -184,5 +189,10 @@ struct GPTConfig {
   void validate(int tensor_model_parallel_size = 1, int pipeline_model_parallel_size = 1,
                 std::optional<int> virtual_pipeline_model_parallel_size = std::nullopt) const;
 };
+
+/// Whether the model runs sequence-parallel at this tensor-parallel size: model.sequence_parallel and tp > 1.
+inline bool uses_sequence_parallel(const GPTConfig& config, int tensor_model_parallel_size) {
+  return config.sequence_parallel && tensor_model_parallel_size > 1;
+}
 
 }  // namespace bridge::models

@@ -36,11 +36,15 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
     : config_(config),
       options_(options),
       padded_vocab_size_(tp::vocab_size_with_padding(config.vocab_size, config.make_vocab_size_divisible_by,
-                                                     parallel::get_tensor_model_parallel_world_size())) {
+                                                     parallel::get_tensor_model_parallel_world_size())),
+      sequence_parallel_(uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
   torch::NoGradGuard no_grad;
   if (options.pre_process) {
     tp::VocabParallelEmbeddingOptions word(padded_vocab_size_, config.hidden_size);
     word.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
+    // Without learned positions to add first, the embedding's reduction can leave each rank its part of the sequence.
+    word.reduce_scatter_embeddings =
+        sequence_parallel_ && config.position_embedding_type != PositionEmbeddingType::kLearnedAbsolute;
     word.init_method = init_method_for(config, kWordEmbeddingName, config.init_method_std);
     word_embeddings = register_module("word_embeddings", tp::VocabParallelEmbedding(word));
     if (config.position_embedding_type == PositionEmbeddingType::kLearnedAbsolute) {
@@ -56,6 +60,7 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
   if (options.post_process) {
     final_layernorm =
         register_module("final_layernorm", Norm(config.normalization, config.hidden_size, config.layernorm_epsilon));
+    if (sequence_parallel_) tp::mark_sequence_parallel(*final_layernorm);
     const bool tied = config.share_embeddings_and_output_weights;
     if (!(tied && options.pre_process)) {
       output_weight = register_parameter(
@@ -72,12 +77,26 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
 
 torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Tensor& position_ids,
                                     const torch::Tensor& labels, const torch::Tensor& attention_mask) {
+  // Under sequence parallelism each rank's dropout masks its own part of the sequence: from the tracker's per-rank
+  // stream, over the embedding and the whole block (Megatron-Core's TransformerBlock forks it likewise).
+  const bool dropout = is_training() && (config_.hidden_dropout > 0.0 || config_.attention_dropout > 0.0);
+  const bool fork_rng = sequence_parallel_ && dropout;
   torch::Tensor hidden;
   if (options_.pre_process) {
-    hidden = word_embeddings(tokens);
-    if (position_embeddings) hidden = hidden + position_embeddings(position_ids);
-    hidden = hidden.transpose(0, 1).contiguous();
-    if (is_training() && config_.hidden_dropout > 0.0) hidden = torch::dropout(hidden, config_.hidden_dropout, true);
+    hidden = word_embeddings(tokens);  // [s / tp, b, h] already when it reduce-scatters
+    if (!word_embeddings->options.reduce_scatter_embeddings) {
+      if (position_embeddings) hidden = hidden + position_embeddings(position_ids);
+      hidden = hidden.transpose(0, 1).contiguous();
+      if (sequence_parallel_) hidden = tp::scatter_to_sequence_parallel_region(hidden);
+    }
+    if (is_training() && config_.hidden_dropout > 0.0) {
+      if (fork_rng) {
+        auto fork = tp::get_rng_tracker().fork();
+        hidden = torch::dropout(hidden, config_.hidden_dropout, true);
+      } else {
+        hidden = torch::dropout(hidden, config_.hidden_dropout, true);
+      }
+    }
   } else {
     if (!input_tensor_.defined()) {
       throw std::logic_error(
@@ -88,14 +107,20 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   }
   std::optional<RotaryTables> rotary;
   if (rotary_pos_emb_) rotary = rotary_pos_emb_->tables(position_ids);
-  hidden = transformer_layers(hidden, attention_mask, rotary);
+  if (fork_rng) {
+    auto fork = tp::get_rng_tracker().fork();
+    hidden = transformer_layers(hidden, attention_mask, rotary);
+  } else {
+    hidden = transformer_layers(hidden, attention_mask, rotary);
+  }
   if (!options_.post_process) return hidden;
 
   hidden = final_layernorm(hidden);
-  // A tied weight takes the embedding's gradient through autograd and this GEMM's straight into its main_grad.
-  torch::Tensor logits = tp::linear_with_grad_accumulation(tp::copy_to_tensor_model_parallel_region(hidden),
-                                                           shared_embedding_or_output_weight(), /*bias=*/{},
-                                                           config_.gradient_accumulation_fusion);
+  // A tied weight takes the embedding's gradient through autograd and this GEMM's straight into its main_grad. Under
+  // sequence parallelism the GEMM gathers the sequence (the logits cover all of it) and reduce-scatters its gradient.
+  torch::Tensor logits = tp::linear_with_grad_accumulation(
+      sequence_parallel_ ? hidden : tp::copy_to_tensor_model_parallel_region(hidden),
+      shared_embedding_or_output_weight(), /*bias=*/{}, config_.gradient_accumulation_fusion, sequence_parallel_);
   if (!labels.defined()) return logits.transpose(0, 1);
   // Cross entropy on fp32 logits also for a bf16/fp16 model, as Megatron (fp16_lm_cross_entropy off), in the logits'
   // own storage: nothing else reads them (the output layer's backward keeps its input and weight).
@@ -196,6 +221,10 @@ std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPT
       for (const Norm& norm : {attention->q_layernorm, attention->k_layernorm}) {
         for (const torch::Tensor& param : norm->parameters()) weights.push_back(param);
       }
+    }
+    // Under sequence parallelism: the norms and row-parallel biases, used on this rank's tokens only.
+    for (const torch::Tensor& param : chunk->parameters()) {
+      if (tp::get_param_attributes(param).sequence_parallel) weights.push_back(param);
     }
   }
   return weights;

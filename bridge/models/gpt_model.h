@@ -39,7 +39,8 @@ class GPTModelImpl : public torch::nn::Module {
   /// tokens, position_ids: [b, s] int64. On the first stage the input is embedded from `tokens`; elsewhere it is the
   /// tensor given to set_input_tensor ([s, b, h]). Returns, on the last stage, the per-token loss [b, s] when
   /// `labels` is defined, else the vocab-parallel logits [b, s, padded_vocab / tp]; elsewhere the hidden states
-  /// [s, b, h] for the next stage. `attention_mask` (bool [b, 1, s, s], true = masked, as Megatron's; every stage
+  /// [s, b, h] for the next stage ([s / tp, b, h], this rank's part, under sequence parallelism, which needs s
+  /// divisible by tp). `attention_mask` (bool [b, 1, s, s], true = masked, as Megatron's; every stage
   /// gets it) replaces the causal mask, e.g. to keep documents apart (dataset.reset_attention_mask).
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& position_ids,
                         const torch::Tensor& labels = {}, const torch::Tensor& attention_mask = {});
@@ -71,6 +72,7 @@ class GPTModelImpl : public torch::nn::Module {
   GPTChunkOptions options_;
   int64_t padded_vocab_size_;
   std::optional<RotaryEmbedding> rotary_pos_emb_;  ///< with position_embedding_type rope
+  bool sequence_parallel_;                         ///< model.sequence_parallel at tp > 1
   torch::Tensor input_tensor_;
 };
 TORCH_MODULE(GPTModel);
@@ -87,8 +89,9 @@ std::vector<GPTModel> build_gpt_model(const GPTConfig& config);
 /// "decoder.final_layernorm.weight", "output_layer.weight" (the output layer's own weight, when it has one).
 std::vector<std::pair<std::string, torch::Tensor>> global_named_parameters(const GPTModel& chunk);
 
-/// The q/k norm weights (qk_layernorm) of these chunks: each tensor-parallel rank applies them to its own heads, so
-/// their gradients are summed over the tensor-parallel group (finalize_model_grads). Empty at tp 1.
+/// The weights whose gradients are summed over the tensor-parallel group (finalize_model_grads): the q/k norms
+/// (qk_layernorm), which each rank applies to its own heads, and under sequence parallelism the norms and row-parallel
+/// biases, which each rank applies to its own part of the sequence. Empty at tp 1.
 std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPTModel>& chunks);
 
 /// The weights whose gradients are summed over the embedding group: the first stage's word embedding and the last

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/random.h"
 
 namespace bridge::models {
@@ -41,9 +42,11 @@ double output_layer_std(const GPTConfig& config) {
 std::string layer_prefix(int64_t layer_number) { return "decoder.layers." + std::to_string(layer_number) + "."; }
 
 // Megatron's core attention, q, k, v ([b, heads or groups, s, head_dim]) to the context [b, heads, s, head_dim]: what
-// selective recomputation (core_attn) runs twice. `causal_mask` caches the [s, s] mask of the unfused path.
+// selective recomputation (core_attn) runs twice. `causal_mask` caches the [s, s] mask of the unfused path. Dropout
+// draws from the tracker's per-rank stream: in a fork of its own, or in the caller's (`in_rng_fork`: under sequence
+// parallelism the whole block runs in one, as Megatron-Core's TransformerBlock).
 torch::Tensor core_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
-                             const torch::Tensor& attention_mask, double dropout, AttnBackend backend,
+                             const torch::Tensor& attention_mask, double dropout, AttnBackend backend, bool in_rng_fork,
                              torch::Tensor& causal_mask) {
   const int64_t per_group = q.size(1) / k.size(1);
   if (per_group > 1) {  // grouped-query attention: query head i reads key/value head i / per_group
@@ -60,7 +63,7 @@ torch::Tensor core_attention(const torch::Tensor& q, torch::Tensor k, torch::Ten
       }
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
     };
-    if (dropout == 0.0) return sdpa();
+    if (dropout == 0.0 || in_rng_fork) return sdpa();
     auto fork = tp::get_rng_tracker().fork();
     return sdpa();
   }
@@ -74,12 +77,11 @@ torch::Tensor core_attention(const torch::Tensor& q, torch::Tensor k, torch::Ten
   }
   const torch::Tensor& future = attention_mask.defined() ? attention_mask : causal_mask;
   torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  if (dropout > 0.0) {
-    // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
-    auto fork = tp::get_rng_tracker().fork();
-    probs = torch::dropout(probs, dropout, /*train=*/true);
-  }
-  return torch::matmul(probs, v);
+  if (dropout == 0.0) return torch::matmul(probs, v);
+  // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
+  if (in_rng_fork) return torch::matmul(torch::dropout(probs, dropout, /*train=*/true), v);
+  auto fork = tp::get_rng_tracker().fork();
+  return torch::matmul(torch::dropout(probs, dropout, /*train=*/true), v);
 }
 
 }  // namespace
@@ -94,17 +96,20 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
       head_dim_(config.head_dim()),
       attention_dropout_(config.attention_dropout),
       attention_backend_(config.attention_backend),
-      recompute_core_attention_(config.recomputes("core_attn")) {
+      recompute_core_attention_(config.recomputes("core_attn")),
+      sequence_parallel_(uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
   const int64_t h = config.hidden_size;
   // The master QKV weight is grouped by key/value head, [q..q k v] per group: stride 1 gives each rank whole groups.
   tp::ColumnParallelLinearOptions qkv(h, config.qkv_size());
   qkv.bias = config.qkv_bias();
   qkv.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
+  qkv.sequence_parallel = sequence_parallel_;
   qkv.init_method = init_method_for(config, prefix + "linear_qkv.weight", config.init_method_std);
   linear_qkv = register_module("linear_qkv", tp::ColumnParallelLinear(qkv));
   tp::RowParallelLinearOptions proj(config.query_projection_size(), h);
   proj.bias = config.add_bias_linear;
   proj.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
+  proj.sequence_parallel = sequence_parallel_;
   proj.init_method = init_method_for(config, prefix + "linear_proj.weight", output_layer_std(config));
   linear_proj = register_module("linear_proj", tp::RowParallelLinear(proj));
   if (config.qk_layernorm) {
@@ -115,11 +120,13 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask,
                                          const RotaryTables* rotary) {
-  const int64_t s = hidden_states.size(0);
-  const int64_t b = hidden_states.size(1);
+  // The whole sequence from here on: under sequence parallelism linear_qkv gathers it, linear_proj scatters it again.
+  const torch::Tensor projected = linear_qkv(hidden_states);
+  const int64_t s = projected.size(0);
+  const int64_t b = projected.size(1);
   const int64_t per_group = local_heads_ / local_groups_;
   // [s, b, groups, per_group + 2, head_dim]: each group's query heads, then its key head and its value head.
-  const torch::Tensor qkv = linear_qkv(hidden_states).view({s, b, local_groups_, per_group + 2, head_dim_});
+  const torch::Tensor qkv = projected.view({s, b, local_groups_, per_group + 2, head_dim_});
   torch::Tensor q = qkv.narrow(3, 0, per_group).reshape({s, b, local_heads_, head_dim_});
   torch::Tensor k = qkv.select(3, per_group);
   torch::Tensor v = qkv.select(3, per_group + 1);
@@ -137,8 +144,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
   }
   const double dropout = is_training() ? attention_dropout_ : 0.0;
   const auto core = [this, attention_mask, dropout](const torch::autograd::variable_list& heads) {
-    return torch::autograd::variable_list{
-        core_attention(heads[0], heads[1], heads[2], attention_mask, dropout, attention_backend_, causal_mask_)};
+    return torch::autograd::variable_list{core_attention(heads[0], heads[1], heads[2], attention_mask, dropout,
+                                                         attention_backend_, sequence_parallel_, causal_mask_)};
   };
   const torch::Tensor context =
       is_training() && recompute_core_attention_ ? tp::checkpoint(core, {q, k, v})[0] : core({q, k, v})[0];
@@ -147,16 +154,19 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
 
 MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix)
     : activation_func_(config.activation_func), gated_(config.gated_linear_unit) {
+  const bool sequence_parallel = uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size());
   // Gated: the master fc1 is [gate; up]; stride 2 gives each rank its rows of both.
   tp::ColumnParallelLinearOptions fc1(config.hidden_size, (gated_ ? 2 : 1) * config.ffn_size());
   fc1.stride = gated_ ? 2 : 1;
   fc1.bias = config.add_bias_linear;
   fc1.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
+  fc1.sequence_parallel = sequence_parallel;
   fc1.init_method = init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std);
   linear_fc1 = register_module("linear_fc1", tp::ColumnParallelLinear(fc1));
   tp::RowParallelLinearOptions fc2(config.ffn_size(), config.hidden_size);
   fc2.bias = config.add_bias_linear;
   fc2.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
+  fc2.sequence_parallel = sequence_parallel;
   fc2.init_method = init_method_for(config, prefix + "linear_fc2.weight", output_layer_std(config));
   linear_fc2 = register_module("linear_fc2", tp::RowParallelLinear(fc2));
 }
@@ -187,12 +197,16 @@ TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t laye
   self_attention = register_module("self_attention", SelfAttention(config, prefix + "self_attention."));
   pre_mlp_layernorm = register_module("pre_mlp_layernorm", norm());
   mlp = register_module("mlp", MLP(config, prefix + "mlp."));
+  if (uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
+    for (const Norm& layer_norm : {input_layernorm, pre_mlp_layernorm}) tp::mark_sequence_parallel(*layer_norm);
+  }
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask,
                                             const RotaryTables* rotary) {
   // Dropout here acts on activations every tensor-parallel rank holds in full: the default stream, identical
-  // across the group, keeps the replicas equal.
+  // across the group, keeps the replicas equal. Under sequence parallelism each rank holds its part of the
+  // sequence and the whole block runs in the tracker's fork (GPTModel).
   const bool dropout = is_training() && hidden_dropout_ > 0.0;
   torch::Tensor attention = self_attention(input_layernorm(hidden_states), attention_mask, rotary);
   if (dropout) attention = torch::dropout(attention, hidden_dropout_, /*train=*/true);

@@ -48,6 +48,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   double attention_dropout_;
   AttnBackend attention_backend_;
   bool recompute_core_attention_;                                   // selective recomputation of the core attention
+  bool sequence_parallel_;                                          // the block runs in the tracker's fork
   torch::Tensor causal_mask_ = torch::empty({0, 0}, torch::kBool);  // [s, s], true above the diagonal; per length
 };
 TORCH_MODULE(SelfAttention);

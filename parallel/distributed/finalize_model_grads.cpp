@@ -2,6 +2,7 @@
 // group, then the tied word-embedding all-reduce across the first and last pipeline stage.
 #include "parallel/distributed/finalize_model_grads.h"
 
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -12,21 +13,30 @@ namespace bridge::parallel::distributed {
 namespace {
 
 // Sums the gradients of `weights` over `group` (the main_grad, or the grad of an unwrapped weight; a weight that got
-// no gradient takes part as zeros, or the peers would wait for it).
+// no gradient takes part as zeros, or the peers would wait for it). Coalesced, as Megatron's: one all-reduce per
+// dtype over the gradients laid end to end, not one per tensor (under sequence parallelism every norm and row-parallel
+// bias takes part: four dozen for GPT-2 124M).
 void all_reduce_grads(ProcessGroup& group, const std::vector<torch::Tensor>& weights, const char* what) {
   torch::NoGradGuard no_grad;
+  std::map<c10::ScalarType, std::vector<torch::Tensor>> grads_by_dtype;
   for (const torch::Tensor& weight : weights) {
     if (!weight.defined()) {
       throw std::invalid_argument(std::string("finalize_model_grads: ") + what + " is an undefined tensor");
     }
     torch::Tensor grad = main_grad(weight);
     if (!grad.defined()) grad = weight.mutable_grad() = torch::zeros_like(weight);
-    if (grad.is_contiguous()) {
-      group.all_reduce(grad, ReduceOp::kSum);
-    } else {
-      torch::Tensor contiguous = grad.contiguous();
-      group.all_reduce(contiguous, ReduceOp::kSum);
-      grad.copy_(contiguous);
+    grads_by_dtype[grad.scalar_type()].push_back(grad);
+  }
+  for (auto& [dtype, grads] : grads_by_dtype) {
+    std::vector<torch::Tensor> flat;
+    flat.reserve(grads.size());
+    for (const torch::Tensor& grad : grads) flat.push_back(grad.reshape({-1}));
+    torch::Tensor coalesced = torch::cat(flat);
+    group.all_reduce(coalesced, ReduceOp::kSum);
+    int64_t offset = 0;
+    for (torch::Tensor& grad : grads) {
+      grad.copy_(coalesced.narrow(0, offset, grad.numel()).view_as(grad));
+      offset += grad.numel();
     }
   }
 }

@@ -11,6 +11,11 @@
 // gradient_accumulation_fusion off, the weight gets its gradient the ordinary way. A fused weight receives no
 // gradient through autograd, so torch::autograd::grad() on it sees none: turn fusion off for such uses.
 //
+// With sequence_parallel the input is this rank's part of the sequence, [s / tp, ...]: forward all-gathers it along
+// dim 0 before the GEMM and keeps only the local part for backward, which gathers it again for the weight's gradient
+// and reduce-scatters the input's gradient (Megatron's LinearWithGradAccumulationAndAsyncCommunication). Keeping the
+// gathered input instead would undo most of what sequence parallelism saves.
+//
 //   torch::Tensor y = linear_with_grad_accumulation(x, weight, bias, /*gradient_accumulation_fusion=*/true);
 //   torch::Tensor e = embedding_with_grad_accumulation(table, token_ids, /*gradient_accumulation_fusion=*/true);
 #pragma once
@@ -19,9 +24,11 @@
 
 namespace bridge::parallel::tensor_parallel {
 
-/// y = x weight^T + bias (bias may be undefined), x [..., in], weight [out, in].
+/// y = x weight^T + bias (bias may be undefined), x [..., in], weight [out, in]; with sequence_parallel, y =
+/// all-gather(x) weight^T + bias.
 torch::Tensor linear_with_grad_accumulation(const torch::Tensor& input, const torch::Tensor& weight,
-                                            const torch::Tensor& bias, bool gradient_accumulation_fusion);
+                                            const torch::Tensor& bias, bool gradient_accumulation_fusion,
+                                            bool sequence_parallel = false);
 
 /// The rows of weight [num_embeddings, dim] at `indices` (int64 or int32, any shape): [..., dim], as at::embedding.
 torch::Tensor embedding_with_grad_accumulation(const torch::Tensor& weight, const torch::Tensor& indices,

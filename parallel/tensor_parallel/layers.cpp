@@ -89,9 +89,11 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
-  const torch::Tensor input_parallel = copy_to_tensor_model_parallel_region(input);
-  const torch::Tensor output_parallel = linear_with_grad_accumulation(
-      input_parallel, weight, options.skip_bias_add ? torch::Tensor() : bias, options.gradient_accumulation_fusion);
+  // Under sequence parallelism the GEMM gathers the input itself and reduce-scatters its gradient.
+  const torch::Tensor input_parallel = options.sequence_parallel ? input : copy_to_tensor_model_parallel_region(input);
+  const torch::Tensor output_parallel =
+      linear_with_grad_accumulation(input_parallel, weight, options.skip_bias_add ? torch::Tensor() : bias,
+                                    options.gradient_accumulation_fusion, options.sequence_parallel);
   return options.gather_output ? gather_from_tensor_model_parallel_region(output_parallel) : output_parallel;
 }
 
@@ -110,7 +112,11 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions opts) : op
   set_param_attributes(weight, {/*tensor_model_parallel=*/true, /*partition_dim=*/1, /*partition_stride=*/1});
   if (options.bias) {
     bias = register_parameter("bias", torch::zeros({options.output_size}, options.params_dtype));
-    set_param_attributes(bias, {});  // replicated: its gradient is the same on every tensor-parallel rank
+    // Replicated: its gradient is the same on every tensor-parallel rank, or, under sequence parallelism, a partial
+    // sum over this rank's tokens that finalize_model_grads all-reduces over the group.
+    ParamAttributes attributes;
+    attributes.sequence_parallel = options.sequence_parallel;
+    set_param_attributes(bias, attributes);
   }
 }
 
@@ -122,8 +128,9 @@ torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
   }
   const torch::Tensor input_parallel =
       options.input_is_parallel ? input : scatter_to_tensor_model_parallel_region(input);
-  const torch::Tensor output =
-      reduce_from_tensor_model_parallel_region(linear_with_grad_accumulation(input_parallel, weight, {}, fusion));
+  const torch::Tensor partial = linear_with_grad_accumulation(input_parallel, weight, {}, fusion);
+  const torch::Tensor output = options.sequence_parallel ? reduce_scatter_to_sequence_parallel_region(partial)
+                                                         : reduce_from_tensor_model_parallel_region(partial);
   return options.skip_bias_add || !bias.defined() ? output : output + bias;
 }
 
@@ -157,6 +164,9 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& input_ids
   const torch::Tensor local_ids = (input_ids - vocab_start_index).masked_fill(foreign, 0);
   const torch::Tensor output_parallel =
       embedding_with_grad_accumulation(weight, local_ids, fusion).masked_fill(foreign.unsqueeze(-1), 0.0);
+  if (options.reduce_scatter_embeddings) {
+    return reduce_scatter_to_sequence_parallel_region(output_parallel.transpose(0, 1).contiguous());
+  }
   return reduce_from_tensor_model_parallel_region(output_parallel);
 }
 

@@ -39,6 +39,9 @@ struct ColumnParallelLinearOptions {
   /// Megatron's gradient_accumulation_fusion: the weight's gradient GEMM adds into its main_grad
   /// (grad_accumulation_fusion.h).
   bool gradient_accumulation_fusion = false;
+  /// Megatron's sequence_parallel: the input is this rank's part of the sequence ([s / tp, b, in]) and is all-gathered
+  /// before the GEMM (its gradient reduce-scattered), in place of copy_to_tensor_model_parallel_region.
+  bool sequence_parallel = false;
   InitMethod init_method;
   torch::Dtype params_dtype = torch::kFloat32;
 };
@@ -64,12 +67,15 @@ struct RowParallelLinearOptions {
   bool skip_bias_add = false;
   /// As ColumnParallelLinearOptions::gradient_accumulation_fusion.
   bool gradient_accumulation_fusion = false;
+  /// The partial outputs are reduce-scattered along the sequence (dim 0) instead of all-reduced: each rank keeps
+  /// [s / tp, b, out]. The bias, added after, then gets a partial gradient (attribute sequence_parallel).
+  bool sequence_parallel = false;
   InitMethod init_method;
   torch::Dtype params_dtype = torch::kFloat32;
 };
 
 /// y = x A^T + b with A split by columns: weight [output_size, input_size / tp]; the bias [output_size] is not
-/// split and is added once, after the all-reduce.
+/// split and is added once, after the all-reduce (or reduce-scatter).
 class RowParallelLinearImpl : public torch::nn::Module {
  public:
   explicit RowParallelLinearImpl(RowParallelLinearOptions options);
@@ -87,6 +93,9 @@ struct VocabParallelEmbeddingOptions {
   /// As ColumnParallelLinearOptions::gradient_accumulation_fusion: the looked-up rows' gradients are added into the
   /// weight's main_grad.
   bool gradient_accumulation_fusion = false;
+  /// Megatron's reduce_scatter_embeddings (sequence parallelism without learned positions): the output is
+  /// [s / tp, b, dim], sequence-first and reduce-scattered, in place of the all-reduced [b, s, dim].
+  bool reduce_scatter_embeddings = false;
   InitMethod init_method;
   torch::Dtype params_dtype = torch::kFloat32;
 };

@@ -37,6 +37,18 @@ torch::Tensor gather_last_dim(const torch::Tensor& tensor) {
   return torch::cat(parts, -1);
 }
 
+torch::Tensor split_first_dim(const torch::Tensor& tensor) {
+  const int tp = get_tensor_model_parallel_world_size();
+  const int64_t first = tensor.dim() == 0 ? 0 : tensor.size(0);
+  if (tensor.dim() == 0 || first % tp != 0) {
+    throw std::invalid_argument("sequence-parallel split: the sequence dimension (dim 0, " + std::to_string(first) +
+                                ") must be divisible by the tensor-model-parallel size " + std::to_string(tp) +
+                                "; with model.sequence_parallel, model.seq_length must be a multiple of tp");
+  }
+  // A view of contiguous memory: dim-0 chunks of a contiguous tensor are contiguous.
+  return tensor.contiguous().chunk(tp, 0)[static_cast<std::size_t>(get_tensor_model_parallel_rank())].clone();
+}
+
 struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   static torch::Tensor forward(AutogradContext*, const torch::Tensor& input) { return input; }
   static variable_list backward(AutogradContext*, variable_list grads) { return {all_reduce_copy(grads[0])}; }
@@ -57,6 +69,29 @@ struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {split_last_dim(grads[0])}; }
 };
 
+struct ScatterToSequenceRegion : torch::autograd::Function<ScatterToSequenceRegion> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& input) { return split_first_dim(input); }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {gather_along_first_dim(grads[0])}; }
+};
+
+struct GatherFromSequenceRegion : torch::autograd::Function<GatherFromSequenceRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& input, bool tensor_parallel_output_grad) {
+    ctx->saved_data["reduce"] = tensor_parallel_output_grad;
+    return gather_along_first_dim(input);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool reduce = ctx->saved_data["reduce"].toBool();
+    return {reduce ? reduce_scatter_along_first_dim(grads[0]) : split_first_dim(grads[0]), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterToSequenceRegion : torch::autograd::Function<ReduceScatterToSequenceRegion> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& input) {
+    return reduce_scatter_along_first_dim(input);
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {gather_along_first_dim(grads[0])}; }
+};
+
 bool single_rank() { return get_tensor_model_parallel_world_size() == 1; }
 
 }  // namespace
@@ -75,6 +110,35 @@ torch::Tensor scatter_to_tensor_model_parallel_region(const torch::Tensor& input
 
 torch::Tensor gather_from_tensor_model_parallel_region(const torch::Tensor& input) {
   return single_rank() ? input : GatherFromRegion::apply(input);
+}
+
+torch::Tensor scatter_to_sequence_parallel_region(const torch::Tensor& input) {
+  return single_rank() ? input : ScatterToSequenceRegion::apply(input);
+}
+
+torch::Tensor gather_from_sequence_parallel_region(const torch::Tensor& input, bool tensor_parallel_output_grad) {
+  return single_rank() ? input : GatherFromSequenceRegion::apply(input, tensor_parallel_output_grad);
+}
+
+torch::Tensor reduce_scatter_to_sequence_parallel_region(const torch::Tensor& input) {
+  return single_rank() ? input : ReduceScatterToSequenceRegion::apply(input);
+}
+
+torch::Tensor gather_along_first_dim(const torch::Tensor& input) {
+  if (single_rank()) return input;
+  if (input.dim() == 0) throw std::invalid_argument("sequence-parallel gather: the input is a scalar");
+  return torch::cat(get_tensor_model_parallel_group().all_gather(input.contiguous()), 0);
+}
+
+torch::Tensor reduce_scatter_along_first_dim(const torch::Tensor& input) {
+  if (single_rank()) return input;
+  const int tp = get_tensor_model_parallel_world_size();
+  if (input.dim() == 0 || input.size(0) % tp != 0) {
+    throw std::invalid_argument("sequence-parallel reduce-scatter: the sequence dimension (dim 0, " +
+                                (input.dim() == 0 ? std::string("a scalar") : std::to_string(input.size(0))) +
+                                ") must be divisible by the tensor-model-parallel size " + std::to_string(tp));
+  }
+  return get_tensor_model_parallel_group().reduce_scatter(input.contiguous());
 }
 
 }  // namespace bridge::parallel::tensor_parallel

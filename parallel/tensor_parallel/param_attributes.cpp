@@ -93,4 +93,12 @@ bool param_is_tensor_parallel_duplicate(const torch::Tensor& param) {
 
 bool param_is_not_shared(const torch::Tensor& param) { return !get_param_attributes(param).shared_embedding; }
 
+void mark_sequence_parallel(const torch::nn::Module& module) {
+  for (const torch::Tensor& param : module.parameters()) {
+    ParamAttributes attributes = get_param_attributes(param);
+    attributes.sequence_parallel = true;
+    set_param_attributes(param, attributes);
+  }
+}
+
 }  // namespace bridge::parallel::tensor_parallel

@@ -1,6 +1,6 @@
 // Per-parameter model-parallel attributes. Megatron sets Python attributes on parameters (tensor_model_parallel,
-// partition_dim, partition_stride, shared_embedding); C++ tensors have no such slots, so a registry keyed by the
-// parameter's TensorImpl keeps them. The grad norm, checkpointing and the optimizer read them back.
+// partition_dim, partition_stride, shared_embedding, sequence_parallel); C++ tensors have no such slots, so a registry
+// keyed by the parameter's TensorImpl keeps them. The grad norm, checkpointing and the optimizer read them back.
 //
 // The key is the TensorImpl: `param`, copies of it and `module->parameters()` share it, but `param.detach()`,
 // `param.data()` and `param.clone()` are new tensors without attributes. An entry dies with its tensor.
@@ -17,6 +17,9 @@ struct ParamAttributes {
   int64_t partition_dim = -1;          ///< the sharded dimension, -1 if replicated
   int64_t partition_stride = 1;        ///< Megatron's stride: chunks per rank interleaved along partition_dim
   bool shared_embedding = false;       ///< the last pipeline stage's copy of the tied word embedding
+  /// Replicated, but used on this rank's part of the sequence only (norms and row-parallel biases under sequence
+  /// parallelism): its gradient is partial and is summed over the tensor-parallel group.
+  bool sequence_parallel = false;
 };
 
 void set_param_attributes(const torch::Tensor& param, ParamAttributes attributes);
@@ -25,5 +28,8 @@ ParamAttributes get_param_attributes(const torch::Tensor& param);
 /// A replica of a replicated parameter on a tensor-parallel rank other than 0: counted once by the grad norm.
 bool param_is_tensor_parallel_duplicate(const torch::Tensor& param);
 bool param_is_not_shared(const torch::Tensor& param);
+/// Marks every parameter of `module` (a norm under sequence parallelism) sequence_parallel, keeping its other
+/// attributes.
+void mark_sequence_parallel(const torch::nn::Module& module);
 
 }  // namespace bridge::parallel::tensor_parallel

@@ -151,6 +151,13 @@ TEST(GptParity, LlamaBlockInterleavedPipeline2x2Chunks) { expect_parity("llama_p
 TEST(GptParity, LlamaBlockTp2Pp2Dp2) { expect_parity("llama_tp2pp2dp2", 8, 2, 2, 0, "llama"); }
 // Full recomputation of every layer (backward runs each layer again from its kept input) on interleaved chunks,
 // against the plain single-process run.
+// Sequence parallelism: learned positions scattered after the embedding, LayerNorm and row-parallel biases with
+// partial gradients (GPT-2's block); the embedding's reduce-scatter, RoPE on the gathered sequence, the q/k norms
+// and [s / tp] tensors between pipeline stages (Llama's).
+TEST(GptParity, TensorParallel2SequenceParallel) { expect_parity("tp2_sp", 2, 2, 1, 0, "gpt+sp"); }
+TEST(GptParity, LlamaBlockTp2Pp2SequenceParallelWithFullRecompute) {
+  expect_parity("llama_tp2pp2_sp", 4, 2, 2, 0, "llama+sp+full_recompute");
+}
 TEST(GptParity, LlamaBlockInterleavedPipelineWithFullRecompute) {
   expect_parity("llama_pp2vpp2_recompute", 2, 1, 2, 2, "llama+full_recompute");
 }
@@ -179,6 +186,9 @@ TEST(GptParityBf16, LlamaBlockTensorParallel2) { expect_bf16_parity("bf16_llama_
 
 TEST(GptDropout, ReplicatedWeightsStayIdenticalAcrossTensorParallelRanks) {
   expect_all_ok(run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120)), "dropout: ok");
+  // Under sequence parallelism the norms and biases see each rank's own tokens and dropout masks: their gradients
+  // are summed over the group, so the replicas still take the same update.
+  expect_all_ok(run_ranks(kWorker, {"dropout", "sp"}, 2, std::chrono::seconds(120)), "dropout: ok");
 }
 
 TEST(GptData, ADatasetFailureOnOneRankFailsEveryRankAtOnce) {
@@ -333,6 +343,15 @@ TEST(GptBuiltins, TextGeneratorAgreesAcrossLayoutsAndTheProfilerTracesEveryRank)
   }
   EXPECT_EQ(texts, "2 ") << "the texts are written once, at step 2";
   fs::remove_all(single);
+  // Under sequence parallelism prompts of any length (5 and 15 tokens, growing) are padded to a multiple of tp.
+  const fs::path sp = fresh_directory("generate_sp");
+  const auto sp_results =
+      run_ranks(kWorker, {"generate", sp.string(), "2", "1", "0", "sp"}, 2, std::chrono::seconds(120));
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(sp_results[rank].exit_code, 0) << describe(sp_results);
+    EXPECT_EQ(tokens_of(sp, rank), expected) << "sequence parallel, rank " << rank;
+  }
+  fs::remove_all(sp);
   fs::remove_all(directory);
 }
 

@@ -7,9 +7,10 @@
 //       by the parameter's global name, at every step. Summed over ranks these equal the single-process run's. Also
 //       checks the events' fields. A mixed-precision recipe trains the bf16/fp16 model; gradients are then its
 //       fp32 main grads.
-//   gpt_worker dropout
+//   gpt_worker dropout [sp]
 //       tp=2 training with dropout on: the replicated weights (norms, biases added after the all-reduce) stay
-//       identical across the tensor-parallel group, which holds only if replicated activations draw the same masks.
+//       identical across the tensor-parallel group, which holds only if replicated activations draw the same masks
+//       (with sp: only if the partial gradients of sequence parallelism are summed over the group).
 //   gpt_worker bad_data
 //       rank 0 trains on mock data, the last rank on a dataset prefix that does not exist: both exit 3 at once.
 //   gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save_dir|-> <load_dir|->
@@ -37,6 +38,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -109,13 +111,22 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   });
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   apply_mixed_precision_recipe(config.mixed_precision, precision);
-  // "<block>[+full_recompute]": the block, then full recomputation of every layer (Megatron's uniform, 1 layer).
-  const std::string::size_type plus = block.find('+');
-  if (block.substr(0, plus) == "llama") testing::use_llama_block(config.model);
-  if (plus != std::string::npos && block.substr(plus + 1) == "full_recompute") {
-    config.model.recompute_granularity = models::RecomputeGranularity::kFull;
-    config.model.recompute_method = models::RecomputeMethod::kUniform;
-    config.model.recompute_num_layers = 1;
+  // "<block>[+full_recompute][+sp]": the block, then full recomputation of every layer (Megatron's uniform, 1 layer)
+  // and/or sequence parallelism.
+  std::istringstream switches(block);
+  std::string item;
+  std::getline(switches, item, '+');
+  if (item == "llama") testing::use_llama_block(config.model);
+  while (std::getline(switches, item, '+')) {
+    if (item == "full_recompute") {
+      config.model.recompute_granularity = models::RecomputeGranularity::kFull;
+      config.model.recompute_method = models::RecomputeMethod::kUniform;
+      config.model.recompute_num_layers = 1;
+    } else if (item == "sp") {
+      config.model.sequence_parallel = true;
+    } else {
+      throw std::invalid_argument("parity: unknown switch '+" + item + "' in '" + block + "'");
+    }
   }
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
@@ -128,10 +139,11 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   return 0;
 }
 
-int run_dropout() {
+int run_dropout(bool sequence_parallel) {
   ConfigContainer config = testing::tiny_gpt_config(/*tp=*/2, /*pp=*/1, /*vpp=*/0, /*steps=*/3);
   config.model.hidden_dropout = 0.2;
   config.model.attention_dropout = 0.2;
+  config.model.sequence_parallel = sequence_parallel;
   auto manager = std::make_shared<CallbackManager>();
   int compared = 0;
   manager->register_callback(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) {
@@ -225,8 +237,9 @@ int run_endpoint(const std::string& out_dir) {
 // TextGenerator and Profiler from a recipe in layout (tp, pp, vpp): each rank writes the greedy continuation of the
 // untrained model (generated at on_train_start, so every layout starts from the same weights) to
 // <out_dir>/tokens_rank<r>.txt; the recipe's generator writes its texts at step 2 and the profiler one trace per rank.
-int run_generate(const std::string& out_dir, int tp, int pp, int vpp) {
+int run_generate(const std::string& out_dir, int tp, int pp, int vpp, bool sequence_parallel) {
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, /*steps=*/2);
+  config.model.sequence_parallel = sequence_parallel;
   config.model.vocab_size = 257;       // the byte-level tokenizer's ids
   config.model.init_method_std = 0.5;  // decided preferences: no near-ties for rounding to flip between layouts
   config.logging.jsonl_path = out_dir + "/metrics.jsonl";
@@ -402,20 +415,21 @@ int main(int argc, char** argv) {
   return bridge::testing::worker_main(
       argc, argv,
       "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision] [gpt|llama]\n"
-      "       gpt_worker dropout\n"
+      "       gpt_worker dropout [sp]\n"
       "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|-> [gpt|llama]\n"
       "       gpt_worker bad_data\n"
       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n"
       "       gpt_worker builtins <out_dir>\n"
       "       gpt_worker endpoint <out_dir>\n"
-      "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0>\n"
+      "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0> [sp]\n"
       "       gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>\n",
       [&](const std::string& scenario) {
         if (scenario == "parity" && argc >= 7 && argc <= 9) {
           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
                             argc >= 8 ? argv[7] : "fp32", argc == 9 ? argv[8] : "gpt");
         }
-        if (scenario == "dropout" && argc == 2) return run_dropout();
+        if (scenario == "dropout" && argc == 2) return run_dropout(false);
+        if (scenario == "dropout" && argc == 3 && std::string(argv[2]) == "sp") return run_dropout(true);
         if (scenario == "resume" && (argc == 9 || argc == 10)) {
           return run_resume(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
                             argv[7], argv[8], argc == 10 ? argv[9] : "gpt");
@@ -426,8 +440,8 @@ int main(int argc, char** argv) {
         }
         if (scenario == "builtins" && argc == 3) return run_builtins(argv[2]);
         if (scenario == "endpoint" && argc == 3) return run_endpoint(argv[2]);
-        if (scenario == "generate" && argc == 6) {
-          return run_generate(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]));
+        if (scenario == "generate" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "sp"))) {
+          return run_generate(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), argc == 7);
         }
         if (scenario == "hf" && argc == 8) {
           return run_hf(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]));

@@ -31,8 +31,10 @@ TEST(TensorParallelDist, Tp2StrideSplitsQkvPerHead) { expect_ok(2, {"stride"}); 
 TEST(TensorParallelDist, Tp2VocabParallelEmbedding) { expect_ok(2, {"embedding"}); }
 TEST(TensorParallelDist, Tp2CrossEntropyThreeAllReducesNoBackwardCommunication) { expect_ok(2, {"cross_entropy"}); }
 TEST(TensorParallelDist, Tp2ErrorsNameTheField) { expect_ok(2, {"errors"}); }
+TEST(TensorParallelDist, Tp2SequenceParallelRegionsAndLayers) { expect_ok(2, {"sequence_parallel"}); }
 TEST(TensorParallelDist, Tp4Everything) {
-  expect_ok(4, {"mappings", "mlp_fp32", "mlp_fp64", "stride", "embedding", "cross_entropy", "errors"});
+  expect_ok(
+      4, {"mappings", "mlp_fp32", "mlp_fp64", "stride", "embedding", "cross_entropy", "errors", "sequence_parallel"});
 }
 
 }  // namespace

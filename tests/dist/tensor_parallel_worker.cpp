@@ -2,7 +2,7 @@
 // each scenario compares the parallel computation with the same computation done in full on this rank.
 //
 //   tensor_parallel_worker <scenario>...   mappings | mlp_fp32 | mlp_fp64 | stride | embedding | cross_entropy |
-//                                           errors | all
+//                                           errors | sequence_parallel | all
 //
 // Prints "<scenario>: ok (...)" per scenario; failures print what differed and exit 1.
 #include <ATen/CPUGeneratorImpl.h>
@@ -149,6 +149,91 @@ void scenario_mlp(torch::Dtype dtype, double relative) {
   }
 }
 
+// Sequence parallelism: the three dim-0 operators, and ColumnParallelLinear -> GeLU -> RowParallelLinear on this
+// rank's part of the sequence against the MLP computed in full (fp64): each rank gets its rows of the output and of
+// the input's gradient, the weights their slices' full gradients, and the row bias a partial gradient that sums over
+// the group to the full one.
+void scenario_sequence_parallel() {
+  const torch::Tensor full = random({4, 3, 8}, 1);
+  const torch::Tensor upstream = random({4, 3, 8}, 2);
+  auto rank_input = [](int rank) { return random({4, 3, 8}, 100 + static_cast<uint64_t>(rank)); };
+  torch::Tensor sum = torch::zeros_like(full);
+  for (int r = 0; r < tp(); ++r) sum += rank_input(r);
+  {  // scatter: keep this rank's rows; backward gathers the rows' gradients
+    torch::Tensor x = full.clone().requires_grad_();
+    torch::Tensor y = scatter_to_sequence_parallel_region(x);
+    expect(y.equal(mine(full, 0)), "scatter_to_sequence forward");
+    (y * mine(upstream, 0)).sum().backward();
+    expect(x.grad().equal(upstream), "scatter_to_sequence backward");
+  }
+  {  // gather: all rows; backward reduce-scatters the ranks' partial gradients (or, given full ones, splits them)
+    torch::Tensor x = mine(full, 0).clone().requires_grad_();
+    torch::Tensor y = gather_from_sequence_parallel_region(x);
+    expect(y.equal(full), "gather_from_sequence forward");
+    (y * rank_input(tp_rank())).sum().backward();
+    expect_close("gather_from_sequence backward", x.grad(), mine(sum, 0), 1e-6);
+    torch::Tensor z = mine(full, 0).clone().requires_grad_();
+    (gather_from_sequence_parallel_region(z, /*tensor_parallel_output_grad=*/false) * upstream).sum().backward();
+    expect(z.grad().equal(mine(upstream, 0)), "gather_from_sequence backward without reduction");
+  }
+  {  // reduce-scatter: this rank's rows of the sum, inputs intact; backward gathers
+    torch::Tensor x = rank_input(tp_rank()).requires_grad_();
+    const torch::Tensor before = x.detach().clone();
+    torch::Tensor y = reduce_scatter_to_sequence_parallel_region(x);
+    expect_close("reduce_scatter_to_sequence forward", y, mine(sum, 0), 1e-6);
+    expect(x.detach().equal(before), "reduce_scatter_to_sequence modified its input");
+    (y * mine(upstream, 0)).sum().backward();
+    expect(x.grad().equal(upstream), "reduce_scatter_to_sequence backward");
+  }
+
+  const int64_t hidden = 16, ffn = 64;
+  const auto init1 = init_method_normal(0.02, 11), init2 = init_method_normal(0.02, 12);
+  auto master = [](const InitMethod& init, int64_t rows, int64_t columns) {
+    torch::Tensor weight = torch::empty({rows, columns});
+    init(weight);
+    return weight.to(torch::kFloat64);
+  };
+  const torch::Tensor w1 = master(init1, ffn, hidden).requires_grad_(),
+                      w2 = master(init2, hidden, ffn).requires_grad_();
+  const torch::Tensor b2 = random({hidden}, 14, torch::kFloat64).requires_grad_();
+  const torch::Tensor input = random({8, 3, hidden}, 15, torch::kFloat64);
+  const torch::Tensor grad = random({8, 3, hidden}, 16, torch::kFloat64);
+  torch::Tensor x_ref = input.clone().requires_grad_();
+  const torch::Tensor ref = F::linear(torch::gelu(F::linear(x_ref, w1)), w2, b2);
+  (ref * grad).sum().backward();
+  for (const bool fusion : {false, true}) {  // fusion off: the weights' gradients through autograd
+    ColumnParallelLinearOptions fc1(hidden, ffn);
+    fc1.init_method = init1;
+    fc1.params_dtype = torch::kFloat64;
+    fc1.bias = false;
+    fc1.sequence_parallel = true;
+    fc1.gradient_accumulation_fusion = fusion;
+    RowParallelLinearOptions fc2(ffn, hidden);
+    fc2.init_method = init2;
+    fc2.params_dtype = torch::kFloat64;
+    fc2.sequence_parallel = true;
+    fc2.gradient_accumulation_fusion = fusion;
+    ColumnParallelLinear column(fc1);
+    RowParallelLinear row(fc2);
+    {
+      torch::NoGradGuard no_grad;
+      row->bias.copy_(b2.detach());
+    }
+    expect(get_param_attributes(row->bias).sequence_parallel, "the row bias is marked sequence_parallel");
+    torch::Tensor x = mine(input, 0).clone().requires_grad_();
+    const torch::Tensor out = row(torch::gelu(column(x)));
+    (out * mine(grad, 0)).sum().backward();
+    const std::string tag = fusion ? " (fusion on)" : " (fusion off)";
+    expect_close("sequence-parallel mlp output" + tag, out, mine(ref, 0), 1e-12);
+    expect_close("sequence-parallel mlp input grad" + tag, x.grad(), mine(x_ref.grad(), 0), 1e-12);
+    expect_close("column weight grad" + tag, column->weight.grad(), mine(w1.grad(), 0), 1e-12);
+    expect_close("row weight grad" + tag, row->weight.grad(), mine(w2.grad(), 1), 1e-12);
+    torch::Tensor bias_grad = row->bias.grad().clone();
+    get_tensor_model_parallel_group().all_reduce(bias_grad);
+    expect_close("row bias grad summed over the group" + tag, bias_grad, b2.grad(), 1e-12);
+  }
+}
+
 // A fused [Q; K; V] weight with stride 3: each rank gets the q, k and v rows of its own heads.
 void scenario_stride() {
   const int64_t heads = 4, head_dim = 2, hidden = heads * head_dim;
@@ -292,6 +377,8 @@ bool run(const std::string& scenario) {
     scenario_cross_entropy(0.1);
   } else if (scenario == "errors") {
     scenario_errors();
+  } else if (scenario == "sequence_parallel") {
+    scenario_sequence_parallel();
   } else {
     std::printf("unknown scenario '%s'\n", scenario.c_str());
     return false;
@@ -312,7 +399,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (scenarios == std::vector<std::string>{"all"}) {
-      scenarios = {"mappings", "mlp_fp32", "mlp_fp64", "stride", "embedding", "cross_entropy", "errors"};
+      scenarios = {"mappings",  "mlp_fp32",      "mlp_fp64", "stride",
+                   "embedding", "cross_entropy", "errors",   "sequence_parallel"};
     }
     init_distributed({Backend::kGloo, std::chrono::seconds(60)});
     initialize_model_parallel(get_world_size());

@@ -96,9 +96,10 @@ TEST(MegatronBridgeKeys, FeaturesBridgeLacksAreAcceptedOnlyWhenOff) {
   EXPECT_NO_THROW(with_overrides({"model.sequence_parallel=false", "model.context_parallel_size=1",
                                   "optimizer.use_distributed_optimizer=false", "model.normalization=LayerNorm",
                                   "scheduler.lr_warmup_init=0.0", "model.num_query_groups=null"}));
-  EXPECT_THAT(override_error("model.sequence_parallel=true"),
-              AllOf(HasSubstr("model.sequence_parallel=true is not supported"),
-                    HasSubstr("bridge has no sequence parallelism"), HasSubstr("set it to false or remove it")));
+  EXPECT_THAT(override_error("model.context_parallel_size=2"),
+              AllOf(HasSubstr("model.context_parallel_size=2 is not supported"),
+                    HasSubstr("bridge has no context parallelism"), HasSubstr("set it to 1 or remove it")));
+  EXPECT_TRUE(with_overrides({"model.sequence_parallel=true"}).model.sequence_parallel);  // bridge's own key
   EXPECT_THAT(override_error("model.apply_residual_connection_post_layernorm=true"),
               HasSubstr("bridge's transformer layers are pre-norm"));
   // Megatron-Core's transformer options are bridge's own keys, under the same names and spellings.

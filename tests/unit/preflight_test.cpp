@@ -188,8 +188,9 @@ TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
   }
 }
 
-// GPT-2 124M at 4 x 1024 tokens in fp32, by hand from Korthikanti et al.'s count (s b h (10 + 24 / t) at 16 bits,
-// twice in fp32): what each recomputation mode leaves of the activations (the logits, 4096 x 50304 fp32, stay).
+// GPT-2 124M at 4 x 1024 tokens in fp32, by hand from Korthikanti et al.'s count (s b h (10 + 24 / t) at 16 bits:
+// 8 of activations and 2 of one-byte dropout masks on every rank, 24 / t split; the activations take twice that in
+// fp32): what each recomputation mode leaves of the activations (the logits, 4096 x 50304 fp32, stay).
 TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
   ConfigContainer config;
   config.model.num_layers = 12;
@@ -200,7 +201,8 @@ TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
   config.train.micro_batch_size = 4;
   config.train.global_batch_size = 4;
   const double sbh = 1024.0 * 4 * 768, logits = 4096.0 * 50304 * 4;
-  const double layer = sbh * 34 * 2, input = sbh * 4;
+  const double replicated = 8 * 2 + 2;  // fp32 activations, hidden dropout's masks
+  const double layer = sbh * (replicated + 24 * 2), input = sbh * 4;
   const auto activations = [&](const ConfigContainer& c) { return training::utils::estimate_memory(c, 1).activations; };
   EXPECT_DOUBLE_EQ(activations(config), 12 * layer + logits);
   ConfigContainer full = config;
@@ -214,17 +216,51 @@ TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
   EXPECT_DOUBLE_EQ(activations(full), 4 * input + 8 * layer + logits);
   ConfigContainer selective = config;
   selective.model.recompute_granularity = models::RecomputeGranularity::kSelective;
-  selective.model.recompute_modules = std::vector<std::string>{"mlp"};  // without fc1's and GeLU's outputs: 18
-  EXPECT_DOUBLE_EQ(activations(selective), 12 * sbh * 18 * 2 + logits);
+  selective.model.recompute_modules = std::vector<std::string>{"mlp"};  // without fc1's and GeLU's outputs: 8 split
+  EXPECT_DOUBLE_EQ(activations(selective), 12 * sbh * (replicated + 8 * 2) + logits);
   // The unfused attention keeps the 12 heads' 1024 x 1024 probabilities (2 a s / h without dropout, 5 with), which
   // selective core_attn recomputes.
   config.model.attention_backend = models::AttnBackend::kUnfused;
   config.model.attention_dropout = 0.0;
-  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (34 + 2.0 * 12 * 1024 / 768) * 2 + logits);
+  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (replicated + (24 + 2.0 * 12 * 1024 / 768) * 2) + logits);
   config.model.attention_dropout = 0.1;
-  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (34 + 5.0 * 12 * 1024 / 768) * 2 + logits);
+  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (replicated + (24 + 5.0 * 12 * 1024 / 768) * 2) + logits);
+  config.model.hidden_dropout = 0.0;  // no masks
+  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (8 * 2 + (24 + 5.0 * 12 * 1024 / 768) * 2) + logits);
+  config.model.hidden_dropout = 0.1;
   config.model.recompute_granularity = models::RecomputeGranularity::kSelective;
   EXPECT_DOUBLE_EQ(activations(config), 12 * layer + logits);
+}
+
+// Korthikanti et al.'s two counts at tp 2: s b h (10 + 24 / t) with tensor parallelism alone, s b h 34 / t with
+// sequence parallelism (16 bits; twice in fp32), which also splits full recomputation's kept inputs. At tp 1 the
+// switch is off, as in Megatron.
+TEST(TheoreticalMemory, SequenceParallelismSplitsTheReplicatedActivationsOverTheTensorParallelRanks) {
+  ConfigContainer config;
+  config.model.num_layers = 12;
+  config.model.hidden_size = 768;
+  config.model.num_attention_heads = 12;
+  config.model.seq_length = 1024;
+  config.model.vocab_size = 50257;
+  config.train.micro_batch_size = 4;
+  config.train.global_batch_size = 4;
+  config.parallelism.tensor_model_parallel_size = 2;
+  const double sbh = 1024.0 * 4 * 768, logits = 4096.0 * 50432 / 2 * 4;  // vocabulary padded to 256 x 197
+  const auto activations = [&](const ConfigContainer& c) { return training::utils::estimate_memory(c, 2).activations; };
+  const double replicated = 8 * 2 + 2, split = 24.0 / 2 * 2;  // fp32, hidden dropout's masks
+  EXPECT_DOUBLE_EQ(activations(config), 12 * sbh * (replicated + split) + logits);
+  ConfigContainer sp = config;
+  sp.model.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(activations(sp), 12 * sbh * (replicated / 2 + split) + logits);
+  sp.model.recompute_granularity = models::RecomputeGranularity::kFull;
+  sp.model.recompute_method = models::RecomputeMethod::kUniform;
+  sp.model.recompute_num_layers = 1;
+  EXPECT_DOUBLE_EQ(activations(sp), 12 * sbh * 4 / 2 + sbh * (replicated / 2 + split) + logits);
+  ConfigContainer alone = config;
+  alone.parallelism.tensor_model_parallel_size = 1;
+  ConfigContainer alone_sp = alone;
+  alone_sp.model.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(activations(alone_sp), activations(alone));
 }
 
 // The preflight's error, checked to come before the first step.

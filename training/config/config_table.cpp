@@ -82,6 +82,9 @@ const std::vector<Field>& fields() {
       field("model.recompute_modules", &C::model, &GPTConfig::recompute_modules,
             "selective recomputation: core_attn (the attention from q, k, v to its output) and/or mlp; null = "
             "[core_attn]."),
+      field("model.sequence_parallel", &C::model, &GPTConfig::sequence_parallel,
+            "Sequence parallelism: norms, dropouts and residuals on seq_length / tp tokens per tensor-parallel rank "
+            "(all-gather and reduce-scatter replace the all-reduce); needs seq_length divisible by tp; off at tp 1."),
 
       field("train.micro_batch_size", &C::train, &TrainingConfig::micro_batch_size,
             "Samples per forward/backward pass on one rank."),

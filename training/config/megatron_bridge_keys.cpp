@@ -48,7 +48,6 @@ constexpr Entry kEntries[] = {
     {"model.bf16", Rule::kRename, "mixed_precision.bf16"},
     {"model.fp16", Rule::kRename, "mixed_precision.fp16"},
     {"model.context_parallel_size", Rule::kOnly, "1", "bridge has no context parallelism"},
-    {"model.sequence_parallel", Rule::kOnly, "false", "bridge has no sequence parallelism"},
     {"model.expert_model_parallel_size", Rule::kOnly, "1", "bridge's GPT has no experts"},
     {"model.num_moe_experts", Rule::kOnly, "null", "bridge's GPT has no experts"},
     {"model.apply_residual_connection_post_layernorm", Rule::kOnly, "false", kPreNorm},

@@ -42,13 +42,15 @@ double position_parameters(const models::GPTConfig& m) {
              : 0;
 }
 
-// What one layer keeps for backward, one micro-batch: Korthikanti et al. 2022's count without sequence parallelism,
-// in bytes at 16 bits, s b h (10 + 24 / t) for GPT's MLP: 10 on every tensor-parallel rank (the two norms' inputs,
-// QKV's and fc1's inputs, the dropout masks), 8 / t of attention (q, k, v, the projection's input) and 16 / t of MLP
-// (fc1's output and the activation's; 32 / t gated: [gate; up], act(gate) and the product), twice that in fp32. The
-// s x s probabilities (5 a s / h: softmax, dropout mask and dropped probabilities; 2 without dropout) are counted
-// only where they are certainly kept: the unfused backend, or attention dropout on CPU (LibTorch's flash kernels
-// take no dropout there). Selective recomputation takes out core_attn's probabilities and mlp's two outputs.
+// What one layer keeps for backward, one micro-batch: Korthikanti et al. 2022's count, s b h (10 + 24 / t) bytes at
+// 16 bits for GPT's MLP. 10 are on every tensor-parallel rank: the two norms' inputs and outputs (QKV's and fc1's
+// inputs), 2 bytes an element, and the two hidden-dropout masks, 1 byte (none without hidden dropout). 8 / t are
+// attention's (q, k, v, the projection's input) and 16 / t the MLP's (fc1's output and the activation's; 32 / t
+// gated: [gate; up], act(gate) and the product); the activations take twice that in fp32, the masks not. Sequence
+// parallelism splits the 10 over the tensor-parallel ranks too (34 / t). The s x s probabilities (5 a s / h: softmax,
+// dropout mask and dropped probabilities; 2 without dropout) are counted only where they are certainly kept: the
+// unfused backend, or attention dropout on CPU (LibTorch's flash kernels take no dropout there). Selective
+// recomputation takes out core_attn's probabilities and mlp's two outputs.
 double layer_activation_bytes(const ConfigContainer& config) {
   const models::GPTConfig& m = config.model;
   const double tp = config.parallelism.tensor_model_parallel_size;
@@ -59,9 +61,12 @@ double layer_activation_bytes(const ConfigContainer& config) {
                                    (m.attention_dropout > 0 && config.parallelism.device == "cpu");
   const double probabilities =
       keeps_probabilities && !m.recomputes("core_attn") ? (m.attention_dropout > 0 ? 5 : 2) * a * s / h : 0;
-  const double units = 10 + (8 + mlp + probabilities) / tp;
-  return s * static_cast<double>(config.train.micro_batch_size) * h * units *
-         (config.mixed_precision.enabled() ? 1 : 2);
+  const double element_scale = config.mixed_precision.enabled() ? 1 : 2;  // 16-bit units to this run's bytes
+  const double masks = m.hidden_dropout > 0 ? 2 : 0;
+  const double replicated = 8 * element_scale + masks;
+  const double sequence_share = models::uses_sequence_parallel(m, static_cast<int>(tp)) ? tp : 1;
+  const double bytes = replicated / sequence_share + (8 + mlp + probabilities) / tp * element_scale;
+  return s * static_cast<double>(config.train.micro_batch_size) * h * bytes;
 }
 
 }  // namespace
@@ -108,9 +113,10 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   const int64_t microbatches = config.num_microbatches(world_size);
   const int64_t in_flight = std::max<int64_t>(1, std::min<int64_t>(pp, microbatches));
   const double layer_activations = layer_activation_bytes(config);
-  // Full recomputation keeps each checkpointed run's input, [s, b, h] per run, and rebuilds one run's activations at
-  // a time in backward.
-  const double run_input = s * b * h * (mp.enabled() ? 2 : 4);
+  // Full recomputation keeps each checkpointed run's input, [s, b, h] per run ([s / tp, b, h] under sequence
+  // parallelism), and rebuilds one run's activations at a time in backward.
+  const double sequence_share = models::uses_sequence_parallel(m, static_cast<int>(tp)) ? tp : 1;
+  const double run_input = s * b * h * (mp.enabled() ? 2 : 4) / sequence_share;
   const auto stage_activations = [&](double micro_batches) {
     if (m.recompute_granularity != models::RecomputeGranularity::kFull)
       return micro_batches * layers * layer_activations;
