@@ -183,7 +183,17 @@ class C10dGroup final : public GroupBackend {
   }
 
   void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) override {
-    // LibTorch 1.13's Gloo has no reduce_scatter: reduce everything, keep this rank's chunk.
+    // NCCL, and Gloo from LibTorch 2 on (host tensors), reduce-scatter: each rank sends and receives 1/n of the data
+    // an all-reduce moves. LibTorch 1.13's Gloo has none: reduce everything, keep this rank's chunk.
+    if (!kIsGloo || (TORCH_VERSION_MAJOR >= 2 && output.device().is_cpu())) {
+      std::vector<at::Tensor> outputs{output};
+      std::vector<std::vector<at::Tensor>> input_lists{inputs};
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = to_c10d(op);
+      options.timeout = timeout_;
+      run_to_completion([&] { return group_->reduce_scatter(outputs, input_lists, options); }, timeout_);
+      return;
+    }
     torch::Tensor all = torch::cat(inputs);
     all_reduce(all, op);
     output.copy_(all.chunk(static_cast<int64_t>(inputs.size()))[static_cast<std::size_t>(group_->getRank())]);
