@@ -359,7 +359,7 @@ TEST(Checkpoint, OlderQkvLayoutLoadsConverted) {
   const fs::path rank_file = converted / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt";
   c10::impl::GenericDict file = bridge::utils::load_torch_pickle(rank_file).toGenericDict();
   ASSERT_EQ(file.at("qkv_layout").toStringRef(), "megatron_core");
-  file.erase("qkv_layout");
+  ASSERT_EQ(file.erase("qkv_layout"), 1u);
   const auto to_old = [&](const torch::Tensor& grouped) {
     const auto [q, k, v] = models::split_qkv(grouped, config.model);
     return torch::cat({q, k, v}, 0);
