@@ -1,7 +1,7 @@
 // bridge-pretrain end to end, as users run it: a few steps alone (the log lines and a summary whose numbers match
-// them), four ranks under mpirun with tp=2 pp=2 from overrides, two ranks under torchrun, config errors (exit 2,
-// printed once, naming the key or file:line), a runtime failure (exit 1), --print-config output that loads back, and
-// --help listing every key. Each run uses a tiny model and a private cache folder for the embedded corpus.
+// them), four ranks under mpirun with tp=2 pp=2 (sequence parallel, full recomputation) from overrides, two ranks
+// under torchrun, config errors (exit 2, printed once, naming the key or file:line), a runtime failure (exit 1),
+// --print-config output that loads back, and --help listing every key. Each run uses a tiny model and a private cache folder for the embedded corpus.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -160,9 +160,12 @@ TEST_F(Cli, TrainsOnAMegatronFormatDataset) {
   EXPECT_TRUE(fs::exists(cache_ / "cache" / "GPTDataset_indices")) << "the sample indices are cached next to the data";
 }
 
+// With Megatron-Core's memory switches on, under the names Megatron-Bridge's recipes use too.
 TEST_F(Cli, MpirunFourRanksWithTensorAndPipelineParallelOverrides) {
   const RankResult result =
-      run(quick({"parallelism.tensor_model_parallel_size=2", "parallelism.pipeline_model_parallel_size=2"}),
+      run(quick({"parallelism.tensor_model_parallel_size=2", "parallelism.pipeline_model_parallel_size=2",
+                 "model.sequence_parallel=true", "model.recompute_granularity=full", "model.recompute_method=uniform",
+                 "model.recompute_num_layers=1"}),
           {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "XDG_CACHE_HOME"});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count(result.output, "tp=2 pp=2 dp=1"), 1) << result.output;  // announced by rank 0 only
