@@ -176,7 +176,13 @@ void build(PretrainSetup& setup) {
   }
   setup.embedding_weights = models::embedding_group_weights(setup.model);
   setup.tensor_parallel_partial_weights = models::tensor_parallel_partial_weights(setup.model);
-  if (mp.enabled()) {
+  if (config.optimizer.use_distributed_optimizer) {
+    std::vector<parallel::distributed::DistributedDataParallel*> wrappers;
+    for (const auto& ddp : setup.ddp) wrappers.push_back(ddp.get());
+    setup.distributed_optimizer = std::make_unique<DistributedOptimizer>(wrappers);
+    setup.optimizer = build_optimizer(config.optimizer, setup.distributed_optimizer->decayed_params(),
+                                      setup.distributed_optimizer->not_decayed_params());
+  } else if (mp.enabled()) {
     setup.mixed_precision = std::make_unique<MixedPrecision>(mp, setup.params);
     setup.optimizer = build_optimizer(config.optimizer, setup.mixed_precision->main_params());
   } else {
@@ -187,6 +193,8 @@ void build(PretrainSetup& setup) {
 
   // As Megatron-Bridge: a resumed run's RNG streams are kept from on_data_init_start's warm-ups (which may draw).
   const std::optional<LoadedCheckpoint> loaded = load_checkpoint(setup);
+  // Weights loaded into a bf16 model (a checkpoint without its optimizer, an hf: start) reach its fp32 shards.
+  if (setup.distributed_optimizer) setup.distributed_optimizer->reload_main_params();
   std::optional<parallel::tensor_parallel::RngStates> restored_rng;
   if (loaded && loaded->rng_loaded) restored_rng = parallel::tensor_parallel::get_all_rng_states();
   setup.fire_training(Event::kDataInitStart);

@@ -17,6 +17,7 @@
 #include "training/config/config.h"
 #include "training/data.h"
 #include "training/forward_step.h"
+#include "training/optimizer/distrib_optimizer.h"
 #include "training/optimizer/mixed_precision.h"
 #include "training/optimizer/optimizer_param_scheduler.h"
 #include "training/state.h"
@@ -41,6 +42,8 @@ struct PretrainSetup {
   std::vector<torch::Tensor> tensor_parallel_partial_weights;  // q/k norms: summed over the tensor-parallel group
   /// bf16/fp16: the fp32 main params the optimizer steps on, and the fp16 loss scaler; null in fp32.
   std::unique_ptr<MixedPrecision> mixed_precision;
+  /// optimizer.use_distributed_optimizer: this rank's shards of the parameters, which the optimizer steps on.
+  std::unique_ptr<DistributedOptimizer> distributed_optimizer;
   std::unique_ptr<torch::optim::Optimizer> optimizer;  // over the fp32 main params under mixed precision
   std::unique_ptr<OptimizerParamScheduler> scheduler;
 

@@ -12,6 +12,7 @@
 #include "training/callbacks/control_sync.h"
 #include "training/checkpointing/checkpointing.h"
 #include "training/optimizer/clip_grads.h"
+#include "training/optimizer/distrib_optimizer.h"
 #include "training/pretrain.h"
 #include "training/pretrain_setup.h"
 #include "utils/exception_message.h"
@@ -147,9 +148,16 @@ StepOutcome train_step(PretrainSetup& setup) {
     outcome.loss_dict = reduce_losses(setup, reported);
     return outcome;
   }
-  const std::vector<torch::Tensor>& grad_params = mp != nullptr ? mp->main_params() : setup.params;
+  // The distributed optimizer's shards hold each element on one data-parallel rank: their norm is the world's.
+  DistributedOptimizer* shards = setup.distributed_optimizer.get();
+  if (shards != nullptr) shards->prepare_grads();
+  const std::vector<torch::Tensor>& grad_params = shards != nullptr ? shards->main_params()
+                                                  : mp != nullptr   ? mp->main_params()
+                                                                    : setup.params;
+  parallel::ProcessGroup* norm_group = shards != nullptr ? &parallel::get_world_group() : nullptr;
   const double clip = setup.config.optimizer.clip_grad;
-  outcome.grad_norm = clip > 0.0 ? clip_grad_norm(grad_params, clip) : get_grad_norm_fp32(grad_params);
+  outcome.grad_norm =
+      clip > 0.0 ? clip_grad_norm(grad_params, clip, norm_group) : get_grad_norm_fp32(grad_params, norm_group);
   // The norm is reduced over the model-parallel group and equal on every rank, so all of them stop here together.
   if (setup.config.train.check_for_nan_in_loss_and_grad && !std::isfinite(outcome.grad_norm)) {
     note_agreed_failure();
@@ -161,6 +169,7 @@ StepOutcome train_step(PretrainSetup& setup) {
   setup.fire_training(Event::kOptimizerStepStart, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
   setup.optimizer->step();
   if (mp != nullptr) mp->copy_main_params_to_model_params();
+  if (shards != nullptr) shards->finish_step();
   setup.fire_training(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
   setup.scheduler->step(setup.config.train.global_batch_size);
   outcome.loss_dict = reduce_losses(setup, reported);

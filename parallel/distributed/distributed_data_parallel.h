@@ -32,6 +32,9 @@ struct DistributedDataParallelConfig {
   /// Keep the gradients of bf16/fp16 parameters in an fp32 buffer (Megatron's main_grad): each backward's param.grad
   /// is added into it and dropped, and the all-reduce runs in fp32. Without it the buffer has the parameters' dtype.
   bool grad_reduce_in_fp32 = false;
+  /// Megatron's use_distributed_optimizer: the optimizer keeps state for this rank's 1/dp of each bucket
+  /// (training::DistributedOptimizer), which takes the reduced gradients from the buffer and all-gathers the updates.
+  bool use_distributed_optimizer = false;
 };
 
 class DistributedDataParallel {

@@ -49,6 +49,7 @@
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "tests/dist/gpt_worker_support.h"
 #include "training/inference.h"
+#include "training/optimizer/distrib_optimizer.h"
 #include "utils/crc32c.h"
 #include "utils/safetensors.h"
 
@@ -69,6 +70,24 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     ++forwards;
   });
   manager->register_callback(Event::kBackwardEnd, [&](CallbackContext&) { ++backwards; });
+  // The distributed optimizer's memory: each data-parallel rank steps its own shard, and the shards tile the model.
+  manager->register_callback(Event::kOptimizerStepStart, [&](CallbackContext& ctx) {
+    if (!ctx.state.cfg->optimizer.use_distributed_optimizer || ctx.state.train_state.step != 0) return;
+    int64_t model = 0, shard = 0;
+    for (const auto& chunk : ctx.model) {
+      for (const torch::Tensor& param : chunk->parameters()) model += param.numel();
+    }
+    for (const auto& group : ctx.optimizer->param_groups()) {
+      for (const torch::Tensor& param : group.params()) shard += param.numel();
+    }
+    const int dp = parallel::get_data_parallel_world_size();
+    torch::Tensor total = torch::tensor({shard}, torch::kInt64);
+    parallel::get_data_parallel_group().all_reduce(total);
+    expect(total.item<int64_t>() == model, "the data-parallel ranks' shards tile the model once: " +
+                                               std::to_string(total.item<int64_t>()) + " of " + std::to_string(model));
+    expect(shard * dp < model + model / 10,
+           "a rank's shard is about 1/dp of the model: " + std::to_string(shard) + " of " + std::to_string(model));
+  });
   manager->register_callback(Event::kOptimizerStepStart, [&](CallbackContext& ctx) {
     const int64_t step = ctx.state.train_state.step;
     expect(ctx.grad_norm.has_value(), "optimizer_step_start has grad_norm");
@@ -77,7 +96,10 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
       std::snprintf(line, sizeof(line), "gradnorm %lld %.12e\n", static_cast<long long>(step), *ctx.grad_norm);
       lines += line;
     }
-    if (parallel::get_data_parallel_rank() != 0) return;
+    // The distributed optimizer clips only the elements each rank owns: every data-parallel rank records its pieces
+    // (the reader sums the ranks' lines). Otherwise data-parallel rank 0 records whole gradients.
+    const bool sharded = ctx.state.cfg->optimizer.use_distributed_optimizer;
+    if (!sharded && parallel::get_data_parallel_rank() != 0) return;
     for (const auto& chunk : ctx.model) {
       auto* gpt = dynamic_cast<models::GPTModelImpl*>(chunk.get());
       expect(gpt != nullptr, "model chunks are GPTModelImpl");
@@ -86,13 +108,22 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
            models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
         if (parallel::tensor_parallel::param_is_tensor_parallel_duplicate(param)) continue;
         if (!parallel::tensor_parallel::param_is_not_shared(param)) continue;
-        // Megatron's main_grad: param.grad itself in fp32, the fp32 buffer view under bf16 with grad_reduce_in_fp32.
-        const torch::Tensor grad = parallel::distributed::main_grad(param).to(torch::kDouble);
-        const torch::Tensor weight = param.detach().to(torch::kDouble);
+        double sq = 0, dot = 0, weight_sq = 0;
+        const auto add = [&](const torch::Tensor& grad_part, const torch::Tensor& weight_part) {
+          const torch::Tensor grad = grad_part.to(torch::kDouble), weight = weight_part.to(torch::kDouble);
+          sq += grad.square().sum().item<double>();
+          dot += (grad * weight).sum().item<double>();
+          weight_sq += weight.square().sum().item<double>();
+        };
+        if (sharded) {
+          for (const auto& piece : distributed_optimizer_pieces(param)) add(piece.main_param.grad(), piece.model_view);
+        } else {
+          // Megatron's main_grad: param.grad itself in fp32, the fp32 buffer view under bf16 with grad_reduce_in_fp32.
+          add(parallel::distributed::main_grad(param), param.detach());
+        }
         char line[256];
         std::snprintf(line, sizeof(line), "grad %lld %s %.12e %.12e %.12e\n", static_cast<long long>(step),
-                      name.c_str(), grad.square().sum().item<double>(), (grad * weight).sum().item<double>(),
-                      weight.square().sum().item<double>());
+                      name.c_str(), sq, dot, weight_sq);
         lines += line;
       }
     }
@@ -111,8 +142,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   });
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   apply_mixed_precision_recipe(config.mixed_precision, precision);
-  // "<block>[+full_recompute][+sp]": the block, then full recomputation of every layer (Megatron's uniform, 1 layer)
-  // and/or sequence parallelism.
+  // "<block>[+full_recompute][+sp][+distopt]": the block, then full recomputation of every layer (Megatron's uniform,
+  // 1 layer), sequence parallelism, the distributed optimizer.
   std::istringstream switches(block);
   std::string item;
   std::getline(switches, item, '+');
@@ -124,6 +155,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
       config.model.recompute_num_layers = 1;
     } else if (item == "sp") {
       config.model.sequence_parallel = true;
+    } else if (item == "distopt") {
+      config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
     } else {
       throw std::invalid_argument("parity: unknown switch '+" + item + "' in '" + block + "'");
     }

@@ -110,6 +110,52 @@ TEST(Validate, ATimeoutTooShortForARendezvousIsRefusedWithTheReason) {
             "<accepted>");
 }
 
+// The distributed optimizer's two switches agree, and what it does not do yet is refused before anything runs.
+TEST(Validate, TheDistributedOptimizerNamesWhatItDoesNotTakeYet) {
+  const auto both = [](ConfigContainer& c) {
+    c.optimizer.use_distributed_optimizer = true;
+    c.ddp.use_distributed_optimizer = true;
+  };
+  EXPECT_EQ(validation_error(both), "<accepted>");
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.optimizer.use_distributed_optimizer = true; }),
+              AllOf(HasSubstr("optimizer.use_distributed_optimizer and ddp.use_distributed_optimizer differ"),
+                    HasSubstr("set both")));
+  EXPECT_THAT(validation_error([&](ConfigContainer& c) {
+                both(c);
+                c.mixed_precision.fp16 = true;
+              }),
+              HasSubstr("does not take fp16 yet"));
+  EXPECT_THAT(validation_error([&](ConfigContainer& c) {
+                both(c);
+                c.checkpoint.save = "/tmp/never_written";
+              }),
+              AllOf(HasSubstr("checkpoint.save"), HasSubstr("not saved yet")));
+  EXPECT_THAT(validation_error([&](ConfigContainer& c) {
+                both(c);
+                c.checkpoint.load = "/tmp/never_read";
+              }),
+              HasSubstr("checkpoint.no_load_optim: true"));
+  EXPECT_EQ(validation_error([&](ConfigContainer& c) {
+              both(c);
+              c.checkpoint.load = "/tmp/never_read";
+              c.checkpoint.no_load_optim = true;
+            }),
+            "<accepted>");
+}
+
+// Megatron's accounting: Adam's 8 bytes (and bf16's fp32 main params, 4) over the data-parallel ranks.
+TEST(TheoreticalMemory, TheDistributedOptimizerDividesTheOptimizerStateByTheDataParallelSize) {
+  ConfigContainer config = tiny_config();
+  const double plain = training::utils::estimate_memory(config, 4).optimizer;
+  config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
+  EXPECT_DOUBLE_EQ(training::utils::estimate_memory(config, 4).optimizer, plain / 4);
+  config.parallelism.tensor_model_parallel_size = 2;  // dp 2 of 4 ranks
+  ConfigContainer tp2 = config;
+  tp2.optimizer.use_distributed_optimizer = tp2.ddp.use_distributed_optimizer = false;
+  EXPECT_DOUBLE_EQ(training::utils::estimate_memory(config, 4).optimizer,
+                   training::utils::estimate_memory(tp2, 4).optimizer / 2);
+}
+
 TEST(ConfigFile, ADirectoryIsNotARecipe) {
   const fs::path directory = fresh_directory("config_dir");
   try {

@@ -44,6 +44,38 @@ int64_t ConfigContainer::num_microbatches(int world_size) const {
   return train.global_batch_size / (train.micro_batch_size * data_parallel_size(world_size));
 }
 
+namespace {
+
+// What the distributed optimizer does not do yet is refused up front, before anything is trained or written.
+void validate_distributed_optimizer(const ConfigContainer& config) {
+  const bool on = config.optimizer.use_distributed_optimizer;
+  if (on != config.ddp.use_distributed_optimizer) {
+    throw std::invalid_argument("optimizer.use_distributed_optimizer and ddp.use_distributed_optimizer differ (" +
+                                std::string(on ? "true" : "false") + " and " +
+                                std::string(config.ddp.use_distributed_optimizer ? "true" : "false") +
+                                "); set both, as Megatron-Bridge requires");
+  }
+  if (!on) return;
+  if (config.mixed_precision.fp16) {
+    throw std::invalid_argument(
+        "optimizer.use_distributed_optimizer does not take fp16 yet (its loss scaling would need the overflow check "
+        "over the shards); use mixed_precision=bf16_mixed, or turn the distributed optimizer off");
+  }
+  if (!config.checkpoint.save.empty()) {
+    throw std::invalid_argument(
+        "checkpoint.save: the distributed optimizer's sharded state is not saved yet, so a checkpoint would resume "
+        "with a fresh optimizer; set checkpoint.save to null, or optimizer.use_distributed_optimizer and "
+        "ddp.use_distributed_optimizer to false");
+  }
+  if (!config.checkpoint.load.empty() && !config.checkpoint.no_load_optim) {
+    throw std::invalid_argument(
+        "checkpoint.load: the distributed optimizer cannot take a checkpoint's optimizer state yet; set "
+        "checkpoint.no_load_optim: true to load the weights with a fresh optimizer");
+  }
+}
+
+}  // namespace
+
 void ConfigContainer::validate(int world_size) const {
   const ParallelismConfig& p = parallelism;
   require(p.tensor_model_parallel_size >= 1,
@@ -124,6 +156,7 @@ void ConfigContainer::validate(int world_size) const {
   require(ddp.bucket_size >= 0, "ddp.bucket_size must be >= 0 (0: Megatron's default), got " + str(ddp.bucket_size));
   model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size);
   optimizer.validate();
+  validate_distributed_optimizer(*this);
   require(scheduler.lr_warmup_iters >= 0, "scheduler.lr_warmup_iters must be >= 0");
   require(scheduler.lr_decay_iters >= 0, "scheduler.lr_decay_iters must be >= 0 (0: train.train_iters)");
   try {

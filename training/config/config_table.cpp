@@ -119,6 +119,9 @@ const std::vector<Field>& fields() {
       field("optimizer.sgd_momentum", &C::optimizer, &OptimizerConfig::sgd_momentum, "SGD momentum."),
       field("optimizer.clip_grad", &C::optimizer, &OptimizerConfig::clip_grad,
             "Clip the global gradient norm to this; 0 disables."),
+      field("optimizer.use_distributed_optimizer", &C::optimizer, &OptimizerConfig::use_distributed_optimizer,
+            "Distributed optimizer (ZeRO-1): each data-parallel rank keeps the optimizer state (and fp32 main params) "
+            "of its 1/dp of the parameters; must equal ddp.use_distributed_optimizer."),
 
       field("scheduler.lr_warmup_iters", &C::scheduler, &SchedulerConfig::lr_warmup_iters,
             "Steps of linear warmup from 0 to optimizer.lr."),
@@ -157,6 +160,8 @@ const std::vector<Field>& fields() {
       field("ddp.grad_reduce_in_fp32", &C::ddp, &DistributedDataParallelConfig::grad_reduce_in_fp32,
             "Gradient buffer in fp32 for bf16/fp16 parameters; set from mixed_precision.grad_reduce_in_fp32 "
             "when bf16 or fp16 is on."),
+      field("ddp.use_distributed_optimizer", &C::ddp, &DistributedDataParallelConfig::use_distributed_optimizer,
+            "Megatron-Core's name of optimizer.use_distributed_optimizer; the two must agree."),
 
       field("dataset.data_path", &C::dataset, &DatasetConfig::data_path,
             "Megatron .bin/.idx path prefixes to train on; empty = mock data (random tokens)."),

@@ -32,8 +32,6 @@ struct Entry {
   std::string_view why = {};  // kOnly: what bridge does instead
 };
 
-constexpr std::string_view kNoDistributedOptimizer =
-    "bridge keeps the whole optimizer state on every data-parallel rank (the same updates, more memory)";
 constexpr std::string_view kCoreTokenizers =
     "bridge's tokenizers behave as megatron.core.tokenizers' (Llama2Tokenizer adds no BOS)";
 constexpr std::string_view kNoTikToken = "bridge has no TikTokenizer; use its tokenizer.json as HuggingFaceTokenizer";
@@ -68,8 +66,6 @@ constexpr Entry kEntries[] = {
     {"optimizer.initial_loss_scale", Rule::kRename, "mixed_precision.initial_loss_scale"},
     {"optimizer.min_loss_scale", Rule::kRename, "mixed_precision.min_loss_scale"},
     {"optimizer.hysteresis", Rule::kRename, "mixed_precision.hysteresis"},
-    {"optimizer.use_distributed_optimizer", Rule::kOnly, "false", kNoDistributedOptimizer},
-    {"ddp.use_distributed_optimizer", Rule::kOnly, "false", kNoDistributedOptimizer},
     {"ddp.check_for_nan_in_grad", Rule::kRename, "train.check_for_nan_in_loss_and_grad"},
 
     // Megatron-Bridge's scheduler sets the weight decay at every step, over what the optimizer was built with.

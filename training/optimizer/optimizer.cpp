@@ -59,6 +59,16 @@ std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& 
     throw std::invalid_argument("build_optimizer: none of the " + std::to_string(params.size()) +
                                 " parameters requires grad; pass the model's trainable parameters");
   }
+  return build_optimizer(config, decay, no_decay);
+}
+
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& config,
+                                                         const std::vector<torch::Tensor>& decay,
+                                                         const std::vector<torch::Tensor>& no_decay) {
+  config.validate();
+  if (decay.empty() && no_decay.empty()) {
+    throw std::invalid_argument("build_optimizer: no parameters to optimize; pass the model's trainable parameters");
+  }
 
   auto groups_with = [&](auto make_options) {
     std::vector<torch::optim::OptimizerParamGroup> groups;

@@ -23,6 +23,9 @@ struct OptimizerConfig {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   double sgd_momentum = 0.9;
   double clip_grad = 1.0;  ///< global gradient-norm clip; 0 disables
+  /// Megatron's distributed optimizer (ZeRO-1, distrib_optimizer.h): each data-parallel rank keeps the state of its
+  /// 1/dp of the parameters. Must equal ddp.use_distributed_optimizer, as in Megatron-Bridge.
+  bool use_distributed_optimizer = false;
   /// Throws std::invalid_argument naming the field ("optimizer.lr must be > 0, got -1") and the fix.
   void validate() const;
 };
@@ -31,6 +34,11 @@ struct OptimizerConfig {
 /// Params that do not require grad are left out; the decayed group comes first, and an empty group is omitted.
 std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& config,
                                                          const std::vector<torch::Tensor>& params);
+/// The same two groups with the split given (the distributed optimizer's 1-D pieces of matrices are decayed):
+/// `decayed` take optimizer.weight_decay, `not_decayed` none. Every tensor is taken as it is.
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(const OptimizerConfig& config,
+                                                         const std::vector<torch::Tensor>& decayed,
+                                                         const std::vector<torch::Tensor>& not_decayed);
 
 /// The key of `param` in torch::optim::Optimizer::state(): its TensorImpl's address, which LibTorch 1.x keeps as a
 /// string and 2.x as a pointer.

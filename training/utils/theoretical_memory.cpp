@@ -108,6 +108,11 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   const double grad_bytes = !mp.enabled() || mp.grad_reduce_in_fp32 ? 4 : 2;
   double optimizer_bytes = config.optimizer.optimizer == "adam" ? 8 : (config.optimizer.sgd_momentum > 0 ? 4 : 0);
   if (mp.enabled()) optimizer_bytes += 4;  // fp32 master weights
+  // The distributed optimizer keeps both for this rank's 1/dp of the parameters (Megatron's 6 + 12 / dp with bf16).
+  const int64_t model_parallel = static_cast<int64_t>(config.parallelism.tensor_model_parallel_size) * pp;
+  if (config.optimizer.use_distributed_optimizer && world_size >= model_parallel) {
+    optimizer_bytes /= static_cast<double>(world_size / model_parallel);
+  }
 
   // 1F1B: the first stage keeps the activations of up to pp micro-batches (Megatron's report multiplies by pp).
   const int64_t microbatches = config.num_microbatches(world_size);

@@ -1,0 +1,180 @@
+// DistributedOptimizer: the shard layout over each bucket, the pieces' main params, and the step's two ends (grads
+// in, updated shards out and all-gathered).
+#include "training/optimizer/distrib_optimizer.h"
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/param_attributes.h"
+
+namespace bridge::training {
+namespace {
+
+namespace tp = parallel::tensor_parallel;
+using parallel::distributed::DistributedDataParallel;
+
+// The first element of `view` within the storage it shares with the grad buffer.
+int64_t element_offset(const torch::Tensor& view) { return view.storage_offset(); }
+
+// Every live DistributedOptimizer's pieces by model parameter, as DistributedDataParallel's main_grad registry.
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<const c10::TensorImpl*, std::vector<const DistributedOptimizer::Piece*>>& registry() {
+  static auto* pieces = new std::unordered_map<const c10::TensorImpl*, std::vector<const DistributedOptimizer::Piece*>>;
+  return *pieces;
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*> chunks,
+                                           parallel::ProcessGroup* data_parallel_group)
+    : group_(data_parallel_group != nullptr ? data_parallel_group
+                                            : &parallel::get_data_parallel_group(/*with_context_parallel=*/true)) {
+  const int64_t ranks = group_->size();
+  const int64_t rank = group_->rank();
+  torch::NoGradGuard no_grad;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    DistributedDataParallel* ddp = chunks[c];
+    if (ddp == nullptr) {
+      throw std::invalid_argument("DistributedOptimizer: model chunk " + std::to_string(c) +
+                                  " has no DistributedDataParallel; wrap every chunk before building the optimizer");
+    }
+    // Each bucket's params in buffer order, at their offsets from the bucket's first element.
+    std::vector<std::vector<std::pair<int64_t, torch::Tensor>>> members(static_cast<std::size_t>(ddp->num_buckets()));
+    for (const torch::Tensor& param : ddp->params()) {
+      if (!param.is_contiguous()) {
+        throw std::invalid_argument("DistributedOptimizer: a parameter of shape " + c10::str(param.sizes()) +
+                                    " is not contiguous; its elements could not be sharded as views");
+      }
+      members[static_cast<std::size_t>(ddp->bucket_of(param))].emplace_back(element_offset(ddp->main_grad(param)),
+                                                                            param);
+    }
+    for (std::size_t b = 0; b < members.size(); ++b) {
+      auto& list = members[b];
+      std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      BucketShard bucket;
+      bucket.numel = ddp->bucket_numel(static_cast<int64_t>(b));
+      bucket.shard = (bucket.numel + ranks - 1) / ranks;
+      const int64_t start = list.front().first;
+      for (const auto& [offset, param] : list) {
+        bucket.params.push_back(param);
+        bucket.offsets.push_back(offset - start);
+      }
+      // This rank's elements [lo, hi) of the bucket, cut at parameter boundaries.
+      const int64_t lo = std::min(rank * bucket.shard, bucket.numel);
+      const int64_t hi = std::min(lo + bucket.shard, bucket.numel);
+      for (std::size_t i = 0; i < bucket.params.size(); ++i) {
+        const torch::Tensor& param = bucket.params[i];
+        const int64_t first = std::max(lo, bucket.offsets[i]);
+        const int64_t last = std::min(hi, bucket.offsets[i] + param.numel());
+        if (first >= last) continue;
+        Piece piece;
+        piece.model_param = param;
+        piece.model_view = param.detach().view({-1}).narrow(0, first - bucket.offsets[i], last - first);
+        piece.grad_view = ddp->main_grad(param).view({-1}).narrow(0, first - bucket.offsets[i], last - first);
+        // fp32 parameters are stepped in place; bf16/fp16 ones through an fp32 copy, as Megatron's main params.
+        piece.main_param =
+            param.scalar_type() == torch::kFloat32 ? piece.model_view : piece.model_view.to(torch::kFloat32).clone();
+        // The grad norm counts a tensor-parallel replica and the tied embedding's copy once, as for whole params.
+        tp::ParamAttributes attributes = tp::get_param_attributes(param);
+        attributes.partition_dim = attributes.tensor_model_parallel ? 0 : -1;
+        attributes.partition_stride = 1;
+        tp::set_param_attributes(piece.main_param, attributes);
+        (param.dim() <= 1 ? not_decayed_ : decayed_).push_back(piece.main_param);
+        main_params_.push_back(piece.main_param);
+        shard_numel_ += last - first;
+        pieces_.push_back(std::move(piece));
+      }
+      buckets_.push_back(std::move(bucket));
+    }
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const Piece& piece : pieces_) registry()[piece.model_param.unsafeGetTensorImpl()].push_back(&piece);
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const Piece& piece : pieces_) {
+    auto found = registry().find(piece.model_param.unsafeGetTensorImpl());
+    if (found == registry().end()) continue;
+    auto& list = found->second;
+    list.erase(std::remove(list.begin(), list.end(), &piece), list.end());
+    if (list.empty()) registry().erase(found);
+  }
+}
+
+std::vector<DistributedOptimizer::Piece> distributed_optimizer_pieces(const torch::Tensor& model_param) {
+  std::vector<DistributedOptimizer::Piece> pieces;
+  if (!model_param.defined()) return pieces;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto found = registry().find(model_param.unsafeGetTensorImpl());
+  if (found != registry().end()) {
+    for (const DistributedOptimizer::Piece* piece : found->second) pieces.push_back(*piece);
+  }
+  return pieces;
+}
+
+void DistributedOptimizer::reload_main_params() {
+  torch::NoGradGuard no_grad;
+  for (Piece& piece : pieces_) {
+    if (!piece.main_param.is_same(piece.model_view)) piece.main_param.copy_(piece.model_view);
+  }
+}
+
+void DistributedOptimizer::prepare_grads() {
+  torch::NoGradGuard no_grad;
+  for (Piece& piece : pieces_) {
+    piece.main_param.mutable_grad() =
+        piece.grad_view.scalar_type() == torch::kFloat32 ? piece.grad_view : piece.grad_view.to(torch::kFloat32);
+  }
+}
+
+void DistributedOptimizer::finish_step() {
+  torch::NoGradGuard no_grad;
+  for (Piece& piece : pieces_) {
+    if (!piece.main_param.is_same(piece.model_view)) piece.model_view.copy_(piece.main_param);
+  }
+  for (const BucketShard& bucket : buckets_) all_gather(bucket);
+}
+
+// Every rank sends its updated elements of the bucket, [r c, (r + 1) c), and writes the others' into its params, so
+// the whole model is the same on every data-parallel rank again. In windows of at most kGatherWindow elements: the
+// staging tensors (this rank's window and the d gathered ones) stay small next to the model.
+void DistributedOptimizer::all_gather(const BucketShard& bucket) {
+  constexpr int64_t kGatherWindow = int64_t{1} << 22;
+  if (group_->size() == 1) return;
+  // visit(param elements, position in the window) for the bucket's elements [begin, end).
+  const auto for_range = [&](int64_t begin, int64_t end, const auto& visit) {
+    end = std::min(end, bucket.numel);
+    for (std::size_t i = 0; i < bucket.params.size(); ++i) {
+      const int64_t first = std::max(begin, bucket.offsets[i]);
+      const int64_t last = std::min(end, bucket.offsets[i] + bucket.params[i].numel());
+      if (first >= last) continue;
+      visit(bucket.params[i].detach().view({-1}).narrow(0, first - bucket.offsets[i], last - first), first - begin);
+    }
+  };
+  const int64_t me = group_->rank();
+  for (int64_t at = 0; at < bucket.shard; at += kGatherWindow) {
+    const int64_t window = std::min(kGatherWindow, bucket.shard - at);
+    torch::Tensor mine = torch::zeros({window}, bucket.params.front().options().requires_grad(false));
+    for_range(me * bucket.shard + at, me * bucket.shard + at + window,
+              [&](const torch::Tensor& elements, int64_t to) { mine.narrow(0, to, elements.numel()).copy_(elements); });
+    const std::vector<torch::Tensor> windows = group_->all_gather(mine);
+    for (int64_t rank = 0; rank < group_->size(); ++rank) {
+      if (rank == me) continue;
+      const torch::Tensor& theirs = windows[static_cast<std::size_t>(rank)];
+      for_range(rank * bucket.shard + at, rank * bucket.shard + at + window, [&](torch::Tensor elements, int64_t from) {
+        elements.copy_(theirs.narrow(0, from, elements.numel()));
+      });
+    }
+  }
+}
+
+}  // namespace bridge::training

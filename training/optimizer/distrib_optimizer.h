@@ -1,0 +1,87 @@
+// Megatron's DistributedOptimizer (ZeRO-1): each data-parallel rank keeps the optimizer state, and for bf16/fp16
+// models the fp32 main parameters, of its own 1/dp of every gradient bucket only, steps that shard, and all-gathers
+// the updated shards so that every rank holds the whole model again. Per parameter that is 8 + 8 / dp bytes in
+// fp32 (16 without) and 6 + 12 / dp with bf16 parameters and fp32 gradients (18 without).
+//
+// A shard is a range of a bucket of DistributedDataParallel's grad buffer: rank r of d owns elements
+// [r c, (r + 1) c) of each bucket, c = ceil(numel / d), cut into pieces at parameter boundaries. Each piece's main
+// parameter is a view of the model parameter's elements (fp32) or an fp32 copy of them (bf16), whose gradient is the
+// view of the same elements of the grad buffer; the optimizer (build_optimizer's over the pieces, weight decay decided
+// by the model parameter) sees only the pieces.
+//
+//   DistributedOptimizer shards({&ddp}, data_parallel_group);
+//   auto optimizer = build_optimizer(config.optimizer, shards.decayed_params(), shards.not_decayed_params());
+//   ...backward, finalize_model_grads...
+//   shards.prepare_grads();
+//   double norm = clip_grad_norm(shards.main_params(), 1.0, &world);  // pieces of every rank: the world's norm
+//   optimizer->step();
+//   shards.finish_step();  // main params -> model params, all-gather
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/process_group.h"
+
+namespace bridge::training {
+
+class DistributedOptimizer {
+ public:
+  /// `chunks`: the DistributedDataParallel of every model chunk on this rank; their grad buffers are sharded over
+  /// `data_parallel_group` (nullptr = parallel_state's, with context parallel), which must outlive this object.
+  explicit DistributedOptimizer(std::vector<parallel::distributed::DistributedDataParallel*> chunks,
+                                parallel::ProcessGroup* data_parallel_group = nullptr);
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  /// The main params of pieces of matrices (weight decay) and of biases and norms (none), for build_optimizer.
+  const std::vector<torch::Tensor>& decayed_params() const { return decayed_; }
+  const std::vector<torch::Tensor>& not_decayed_params() const { return not_decayed_; }
+  /// This rank's pieces' main params, with their grads after prepare_grads(): what the grad norm and clipping take
+  /// (over every rank of the world; each element is on one data-parallel rank).
+  const std::vector<torch::Tensor>& main_params() const { return main_params_; }
+  /// Elements of the model this rank holds optimizer state for.
+  int64_t shard_numel() const { return shard_numel_; }
+
+  /// The fp32 main params take the bf16/fp16 model params' values again (after weights were loaded into the model).
+  void reload_main_params();
+  /// Megatron's _copy_model_grads_to_main_grads: each main param's grad becomes its elements of the grad buffer
+  /// (a view, or an fp32 copy of a bf16 buffer).
+  void prepare_grads();
+  /// After the optimizer's step: the model params take the main params' values, and every data-parallel rank's
+  /// updated shards are all-gathered into every rank's model (collective over the data-parallel group).
+  void finish_step();
+
+  struct Piece {
+    torch::Tensor model_param;  ///< the wrapped parameter
+    torch::Tensor model_view;   ///< its elements [start, start + numel), flattened
+    torch::Tensor grad_view;    ///< the same elements of its main_grad
+    torch::Tensor main_param;   ///< model_view itself (same dtype as the main grads) or an fp32 copy
+  };
+  /// A bucket's parameters and where this rank's shard of it lies.
+  struct BucketShard {
+    std::vector<torch::Tensor> params;  ///< in buffer order
+    std::vector<int64_t> offsets;       ///< each param's first element within the bucket
+    int64_t numel = 0;                  ///< elements of the bucket
+    int64_t shard = 0;                  ///< elements per rank, ceil(numel / dp)
+  };
+
+ private:
+  void all_gather(const BucketShard& bucket);
+
+  parallel::ProcessGroup* group_;
+  std::vector<Piece> pieces_;
+  std::vector<BucketShard> buckets_;
+  std::vector<torch::Tensor> main_params_, decayed_, not_decayed_;
+  int64_t shard_numel_ = 0;
+};
+
+/// This rank's pieces of `model_param` in the live DistributedOptimizer that shards it (none when none does): what a
+/// test or a statistic reads to see the clipped gradients and the updates a rank is responsible for.
+std::vector<DistributedOptimizer::Piece> distributed_optimizer_pieces(const torch::Tensor& model_param);
+
+}  // namespace bridge::training
