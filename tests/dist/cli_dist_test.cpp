@@ -1,7 +1,8 @@
 // bridge-pretrain end to end, as users run it: a few steps alone (the log lines and a summary whose numbers match
 // them), four ranks under mpirun with tp=2 pp=2 (sequence parallel, full recomputation) from overrides, two ranks
 // under torchrun, config errors (exit 2, printed once, naming the key or file:line), a runtime failure (exit 1),
-// --print-config output that loads back, and --help listing every key. Each run uses a tiny model and a private cache folder for the embedded corpus.
+// --print-config output that loads back, and --help listing every key. Each run uses a tiny model and a private cache
+// folder for the embedded corpus.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -172,6 +173,22 @@ TEST_F(Cli, MpirunFourRanksWithTensorAndPipelineParallelOverrides) {
   EXPECT_EQ(logged_losses(result.output).size(), 3u) << result.output;
   EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;  // the last rank's summary
   EXPECT_THAT(result.output, HasSubstr("steps:           3 of 3"));
+}
+
+// Megatron-Bridge's recipe as it writes it, with Megatron-Core's three memory switches on under its names: four
+// ranks, tp 2 x dp 2, under mpirun.
+TEST_F(Cli, MpirunFourRanksTrainAMegatronBridgeRecipeWithTheThreeMemorySwitches) {
+  const RankResult result =
+      run({"--config", (kSourceDir / "examples/recipes/megatron_bridge_gpt.yaml").string(),
+           "model.tensor_model_parallel_size=2", "model.sequence_parallel=true", "model.recompute_granularity=full",
+           "model.recompute_method=uniform", "model.recompute_num_layers=1", "optimizer.use_distributed_optimizer=true",
+           "ddp.use_distributed_optimizer=true", "train.train_iters=3", "logger.log_interval=1",
+           "validation.eval_iters=1", "dist.distributed_timeout_minutes=2"},
+          {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "XDG_CACHE_HOME"});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(count(result.output, "tp=2 pp=1 dp=2"), 1) << result.output;
+  EXPECT_EQ(logged_losses(result.output).size(), 3u) << result.output;
+  EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;
 }
 
 TEST_F(Cli, TorchrunTwoDataParallelRanks) {
