@@ -3,7 +3,7 @@
 # source) and runs each for SECONDS from its seeds in fuzz/corpus/<target>. Fails on the first crash, sanitizer
 # report, leak, timeout or broken round trip, leaving the input that did it as <build>/fuzz-artifacts/<target>-*.
 #
-#   scripts/fuzz.sh                  # 60 s per target (about 7 minutes with the build)
+#   scripts/fuzz.sh                  # 60 s per target, one target per core (a few minutes with the build)
 #   scripts/fuzz.sh 3600             # the long run: an hour per target
 #   BRIDGE_FUZZ_BUILD=build-asan scripts/fuzz.sh 20   # reuse a build configured with -DBRIDGE_BUILD_FUZZERS=ON
 #   BRIDGE_FUZZ_SEED=1 scripts/fuzz.sh 20              # the same inputs in the same order every run (what CI does)
@@ -33,23 +33,35 @@ mkdir -p "$build/fuzz-artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-for target in "${targets[@]}"; do
-  corpus="$build/fuzz-corpus/$target"
-  mkdir -p "$corpus"
-  echo "fuzz: $target for ${seconds}s"
-  status=0
-  "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -seed="$seed" -timeout=20 \
-    -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$target-" \
-    >"$build/fuzz-artifacts/$target.log" 2>&1 &
-  pid=$!
-  wait "$pid" || status=$?
+# libFuzzer runs on one thread: the targets run side by side, one per core, each for the same time as alone.
+jobs=${BRIDGE_FUZZ_JOBS:-$(nproc)}
+declare -A target_of=()
+# Waits for any running target; on its failure prints its log's end and the input's place, stops the others, exits 1.
+finish_one() {
+  local pid="" status=0
+  wait -n -p pid || status=$?
+  local target=${target_of[$pid]}
+  unset "target_of[$pid]"
   rm -rf "/dev/shm/bridge_fuzz_$pid" "${TMPDIR:-/tmp}/bridge_fuzz_$pid"  # the harness's scratch files (fuzz_support.h)
   if ((status != 0)); then
+    kill "${!target_of[@]}" 2>/dev/null || true
     tail -n 60 "$build/fuzz-artifacts/$target.log"
     grep -m1 "^INFO: Seed:" "$build/fuzz-artifacts/$target.log" >&2 || true
     echo "fuzz: $target FAILED; the input is in $build/fuzz-artifacts/ (run it: $build/fuzz/$target <file>)" >&2
     exit 1
   fi
+  echo "fuzz: $target done"
   grep -E "^stat::number_of_executed_units|^#[0-9]+ *DONE" "$build/fuzz-artifacts/$target.log" | tail -n 2 || true
+}
+for target in "${targets[@]}"; do
+  corpus="$build/fuzz-corpus/$target"
+  mkdir -p "$corpus"
+  echo "fuzz: $target for ${seconds}s"
+  "$build/fuzz/$target" "$corpus" "fuzz/corpus/$target" -max_total_time="$seconds" -seed="$seed" -timeout=20 \
+    -rss_limit_mb=4096 -max_len=8192 -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$target-" \
+    >"$build/fuzz-artifacts/$target.log" 2>&1 &
+  target_of[$!]=$target
+  while ((${#target_of[@]} >= jobs)); do finish_one; done
 done
+while ((${#target_of[@]} > 0)); do finish_one; done
 echo "fuzz: every target ran ${seconds}s without a failure"
