@@ -233,7 +233,7 @@ void apply_map(ConfigContainer& config, const YAML::Node& map, const std::string
     const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
     const auto once = [&] {
       if (written.count(path) != 0) throw ConfigError(source.at(key) + ": " + path + " is set twice; keep one");
-      written.emplace(path, Written{path});
+      written.emplace(path, Written{path, std::string(), false});
     };
     if (const Field* f = find_field(path)) {
       set_written(*f, config, value, source, key, path, /*overrides=*/false, written);
@@ -386,7 +386,8 @@ void apply_override(ConfigContainer& config, std::string_view assignment) {
   if (reset) {
     const Field* f = find_field(key);
     if (f == nullptr) {
-      const std::optional<KeyTranslation> translation = translate_megatron_bridge_key(key, {KeyValue::Kind::kNull});
+      const std::optional<KeyTranslation> translation =
+          translate_megatron_bridge_key(key, KeyValue{KeyValue::Kind::kNull, std::string()});
       if (!translation) throw ConfigError(origin.name + ": " + unknown_key_message(key));
       if (translation->key.empty()) return;  // nothing in bridge to put back
       f = find_field(translation->key);

@@ -7,11 +7,19 @@
 #include <cctype>
 #include <charconv>
 #include <stdexcept>
+#include <utility>
 
 #include "utils/strings.h"
 
 namespace bridge::training {
 namespace {
+
+// A translation that sets bridge's `key` to the value as written.
+KeyTranslation sets(std::string key) {
+  KeyTranslation translation;
+  translation.key = std::move(key);
+  return translation;
+}
 
 using bridge::utils::to_lower;
 
@@ -204,20 +212,20 @@ std::optional<KeyTranslation> translate_megatron_bridge_key(std::string_view key
     if (entry.key != key) continue;
     // A null is Megatron-Bridge's "unset": the default of what the key sets (or, for a feature bridge lacks, off).
     if (value.kind == KeyValue::Kind::kNull && entry.rule != Rule::kIgnore) {
-      KeyTranslation translation{entry.rule == Rule::kOnly ? std::string() : std::string(entry.target)};
+      KeyTranslation translation = sets(entry.rule == Rule::kOnly ? std::string() : std::string(entry.target));
       translation.overrides = entry.rule == Rule::kOverride;
       return translation;
     }
     switch (entry.rule) {
       case Rule::kRename:
-        return KeyTranslation{std::string(entry.target)};
+        return sets(std::string(entry.target));
       case Rule::kBlend: {
-        KeyTranslation translation{std::string(entry.target)};
+        KeyTranslation translation = sets(std::string(entry.target));
         translation.blend = true;
         return translation;
       }
       case Rule::kOverride: {
-        KeyTranslation translation{std::string(entry.target)};
+        KeyTranslation translation = sets(std::string(entry.target));
         translation.overrides = true;
         return translation;
       }
@@ -246,7 +254,7 @@ std::optional<KeyTranslation> translate_megatron_bridge_key(std::string_view key
   }
   for (const auto& [theirs, ours] : kSectionRenames) {
     if (key.size() > theirs.size() && key.substr(0, theirs.size()) == theirs && key[theirs.size()] == '.') {
-      return KeyTranslation{std::string(ours) + std::string(key.substr(theirs.size()))};
+      return sets(std::string(ours) + std::string(key.substr(theirs.size())));
     }
   }
   return std::nullopt;
