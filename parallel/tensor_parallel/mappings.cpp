@@ -45,7 +45,7 @@ torch::Tensor split_first_dim(const torch::Tensor& tensor) {
                                 ") must be divisible by the tensor-model-parallel size " + std::to_string(tp) +
                                 "; with model.sequence_parallel, model.seq_length must be a multiple of tp");
   }
-  // A view of contiguous memory: dim-0 chunks of a contiguous tensor are contiguous.
+  // A copy, not a view: the full tensor can be freed (Megatron clones the embedding's scatter output for this).
   return tensor.contiguous().chunk(tp, 0)[static_cast<std::size_t>(get_tensor_model_parallel_rank())].clone();
 }
 

@@ -234,10 +234,8 @@ TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
   }
 }
 
-// GPT-2 124M at 4 x 1024 tokens in fp32, by hand from Korthikanti et al.'s count (s b h (10 + 24 / t) at 16 bits:
-// 8 of activations and 2 of one-byte dropout masks on every rank, 24 / t split; the activations take twice that in
-// fp32): what each recomputation mode leaves of the activations (the logits, 4096 x 50304 fp32, stay).
-TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
+// GPT-2 124M (12 layers, hidden 768, 12 heads, GPT-2's vocabulary) at one micro-batch of 4 x 1024 tokens.
+ConfigContainer gpt2_124m_at_4x1024() {
   ConfigContainer config;
   config.model.num_layers = 12;
   config.model.hidden_size = 768;
@@ -246,6 +244,14 @@ TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
   config.model.vocab_size = 50257;
   config.train.micro_batch_size = 4;
   config.train.global_batch_size = 4;
+  return config;
+}
+
+// GPT-2 124M at 4 x 1024 tokens in fp32, by hand from Korthikanti et al.'s count (s b h (10 + 24 / t) at 16 bits:
+// 8 of activations and 2 of one-byte dropout masks on every rank, 24 / t split; the activations take twice that in
+// fp32): what each recomputation mode leaves of the activations (the logits, 4096 x 50304 fp32, stay).
+TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
+  ConfigContainer config = gpt2_124m_at_4x1024();
   const double sbh = 1024.0 * 4 * 768, logits = 4096.0 * 50304 * 4;
   const double replicated = 8 * 2 + 2;  // fp32 activations, hidden dropout's masks
   const double layer = sbh * (replicated + 24 * 2), input = sbh * 4;
@@ -282,14 +288,7 @@ TEST(TheoreticalMemory, RecomputationKeepsTheRunsInputsAndOneRunsActivations) {
 // sequence parallelism (16 bits; twice in fp32), which also splits full recomputation's kept inputs. At tp 1 the
 // switch is off, as in Megatron.
 TEST(TheoreticalMemory, SequenceParallelismSplitsTheReplicatedActivationsOverTheTensorParallelRanks) {
-  ConfigContainer config;
-  config.model.num_layers = 12;
-  config.model.hidden_size = 768;
-  config.model.num_attention_heads = 12;
-  config.model.seq_length = 1024;
-  config.model.vocab_size = 50257;
-  config.train.micro_batch_size = 4;
-  config.train.global_batch_size = 4;
+  ConfigContainer config = gpt2_124m_at_4x1024();
   config.parallelism.tensor_model_parallel_size = 2;
   const double sbh = 1024.0 * 4 * 768, logits = 4096.0 * 50432 / 2 * 4;  // vocabulary padded to 256 x 197
   const auto activations = [&](const ConfigContainer& c) { return training::utils::estimate_memory(c, 2).activations; };

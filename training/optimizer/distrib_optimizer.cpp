@@ -18,9 +18,6 @@ namespace {
 namespace tp = parallel::tensor_parallel;
 using parallel::distributed::DistributedDataParallel;
 
-// The first element of `view` within the storage it shares with the grad buffer.
-int64_t element_offset(const torch::Tensor& view) { return view.storage_offset(); }
-
 // Every live DistributedOptimizer's pieces by model parameter, as DistributedDataParallel's main_grad registry.
 std::mutex& registry_mutex() {
   static std::mutex mutex;
@@ -53,7 +50,8 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
         throw std::invalid_argument("DistributedOptimizer: a parameter of shape " + c10::str(param.sizes()) +
                                     " is not contiguous; its elements could not be sharded as views");
       }
-      members[static_cast<std::size_t>(ddp->bucket_of(param))].emplace_back(element_offset(ddp->main_grad(param)),
+      // Where its gradient starts in the buffer's storage, which the bucket's other gradients share.
+      members[static_cast<std::size_t>(ddp->bucket_of(param))].emplace_back(ddp->main_grad(param).storage_offset(),
                                                                             param);
     }
     for (std::size_t b = 0; b < members.size(); ++b) {
