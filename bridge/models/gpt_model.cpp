@@ -90,12 +90,7 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
       if (sequence_parallel_) hidden = tp::scatter_to_sequence_parallel_region(hidden);
     }
     if (is_training() && config_.hidden_dropout > 0.0) {
-      if (fork_rng) {
-        auto fork = tp::get_rng_tracker().fork();
-        hidden = torch::dropout(hidden, config_.hidden_dropout, true);
-      } else {
-        hidden = torch::dropout(hidden, config_.hidden_dropout, true);
-      }
+      hidden = tp::with_rng_fork(fork_rng, [&] { return torch::dropout(hidden, config_.hidden_dropout, true); });
     }
   } else {
     if (!input_tensor_.defined()) {
@@ -107,12 +102,7 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   }
   std::optional<RotaryTables> rotary;
   if (rotary_pos_emb_) rotary = rotary_pos_emb_->tables(position_ids);
-  if (fork_rng) {
-    auto fork = tp::get_rng_tracker().fork();
-    hidden = transformer_layers(hidden, attention_mask, rotary);
-  } else {
-    hidden = transformer_layers(hidden, attention_mask, rotary);
-  }
+  hidden = tp::with_rng_fork(fork_rng, [&] { return transformer_layers(hidden, attention_mask, rotary); });
   if (!options_.post_process) return hidden;
 
   hidden = final_layernorm(hidden);

@@ -63,9 +63,7 @@ torch::Tensor core_attention(const torch::Tensor& q, torch::Tensor k, torch::Ten
       }
       return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
     };
-    if (dropout == 0.0 || in_rng_fork) return sdpa();
-    auto fork = tp::get_rng_tracker().fork();
-    return sdpa();
+    return tp::with_rng_fork(dropout > 0.0 && !in_rng_fork, sdpa);
   }
 #else
   (void)backend;
@@ -79,9 +77,8 @@ torch::Tensor core_attention(const torch::Tensor& q, torch::Tensor k, torch::Ten
   torch::Tensor probs = torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
   if (dropout == 0.0) return torch::matmul(probs, v);
   // The heads differ across tensor-parallel ranks, so their dropout masks come from the per-rank stream.
-  if (in_rng_fork) return torch::matmul(torch::dropout(probs, dropout, /*train=*/true), v);
-  auto fork = tp::get_rng_tracker().fork();
-  return torch::matmul(torch::dropout(probs, dropout, /*train=*/true), v);
+  return tp::with_rng_fork(!in_rng_fork,
+                           [&] { return torch::matmul(torch::dropout(probs, dropout, /*train=*/true), v); });
 }
 
 }  // namespace

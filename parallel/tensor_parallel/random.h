@@ -61,6 +61,15 @@ class RngStatesTracker {
 /// The process's tracker.
 RngStatesTracker& get_rng_tracker();
 
+/// fn() in a fork of the tracker's model-parallel stream when `fork` is true, else as it is: for regions that draw
+/// per-rank randomness unless a caller already runs them in the fork.
+template <class Fn>
+auto with_rng_fork(bool fork, Fn&& fn) {
+  if (!fork) return fn();
+  auto guard = get_rng_tracker().fork();
+  return fn();
+}
+
 /// Every RNG stream a training step draws from: the default CPU generator, the current CUDA device's (undefined
 /// without CUDA) and the tracker's streams. What checkpoints save and Megatron-Bridge protects around
 /// on_data_init_start.
