@@ -193,8 +193,6 @@ void build(PretrainSetup& setup) {
 
   // As Megatron-Bridge: a resumed run's RNG streams are kept from on_data_init_start's warm-ups (which may draw).
   const std::optional<LoadedCheckpoint> loaded = load_checkpoint(setup);
-  // Weights loaded into a bf16 model (a checkpoint without its optimizer, an hf: start) reach its fp32 shards.
-  if (setup.distributed_optimizer) setup.distributed_optimizer->reload_main_params();
   std::optional<parallel::tensor_parallel::RngStates> restored_rng;
   if (loaded && loaded->rng_loaded) restored_rng = parallel::tensor_parallel::get_all_rng_states();
   setup.fire_training(Event::kDataInitStart);

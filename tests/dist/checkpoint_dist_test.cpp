@@ -1,7 +1,8 @@
 // Checkpoints over real ranks: N steps straight equal N/2, save, resume, N/2 bit for bit at tp2 x pp2 x dp2 (8 ranks)
 // and with an interleaved pipeline (pp2 x 2 chunks); a checkpoint saved at tp2 x pp2 x dp2 resumes at tp1 x pp1, at
 // pp2 with 2 chunks and at tp4, optimizer state included, with the original layout's losses to fp32 round-off;
-// under mpirun, a SIGTERM to one rank of four saves the same step on every rank, and the resume is bit-exact.
+// the distributed optimizer's state resumes bit for bit and in other data-parallel sizes, with or without it; under
+// mpirun, a SIGTERM to one rank of four saves the same step on every rank, and the resume is bit-exact.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -171,8 +172,63 @@ TEST(CheckpointResume, LlamaBlockResumesBitExactAndInOtherLayouts) {
             << layout.name << " grad norm at step " << step;
       }
     }
-    if (same_layout) EXPECT_EQ(resumed.params, straight.params) << "the final parameters differ (CRC per slice)";
+    if (same_layout) {
+      EXPECT_EQ(resumed.params, straight.params) << "the final parameters differ (CRC per slice)";
+    }
   }
+  fs::remove_all(saved);
+}
+
+// Losses and grad norms of `resumed` against `reference` at every step it ran, to `tolerance` (relative; 0: equal).
+void expect_follows(const Record& resumed, const Record& reference, double tolerance, const std::string& what) {
+  ASSERT_EQ(resumed.loss.size(), static_cast<std::size_t>(kSteps / 2)) << what;
+  for (const auto& [step, loss] : resumed.loss) {
+    const double expected = reference.loss.at(step), norm = reference.grad_norm.at(step);
+    EXPECT_LE(std::abs(loss - expected), tolerance * expected) << what << " loss at step " << step;
+    EXPECT_LE(std::abs(resumed.grad_norm.at(step) - norm), tolerance * norm) << what << " grad norm at step " << step;
+  }
+}
+
+// The distributed optimizer's Adam moments are gathered to data-parallel rank 0 and saved as an optimizer without
+// sharding saves them: a dp2 run resumes bit for bit, its checkpoint resumes without the distributed optimizer (one
+// process) and with it at dp4 and at tp2 x dp2, and a dp2 checkpoint without it resumes with it.
+TEST(CheckpointResume, DistributedOptimizerResumesBitExactAndReshards) {
+  const fs::path saved = fresh_directory("distopt_save"), plain = fresh_directory("distopt_plain_save");
+  const Record straight = run("distopt_straight", 2, 1, 1, 0, kSteps, "", "", "gpt+distopt");
+  run("distopt_first", 2, 1, 1, 0, kSteps / 2, saved.string(), "", "gpt+distopt");
+  struct Layout {
+    const char* name;
+    int world, tp;
+    const char* block;
+  };
+  for (const Layout& layout :
+       {Layout{"dp1_plain", 1, 1, "gpt"}, Layout{"dp4", 4, 1, "gpt+distopt"}, Layout{"tp2dp2", 4, 2, "gpt+distopt"}}) {
+    const Record resumed = run(std::string("distopt_") + layout.name, layout.world, layout.tp, 1, 0, kSteps, "",
+                               saved.string(), layout.block);
+    expect_follows(resumed, straight, 2e-5, layout.name);
+  }
+  // Last: it saves iteration 4 into the directory.
+  const Record second = run("distopt_second", 2, 1, 1, 0, kSteps, saved.string(), "", "gpt+distopt");
+  expect_follows(second, straight, 0.0, "dp2 resumed");
+  EXPECT_EQ(second.params, straight.params) << "the final parameters differ (CRC per slice)";
+  run("distopt_plain_first", 2, 1, 1, 0, kSteps / 2, plain.string(), "", "gpt");
+  expect_follows(run("distopt_from_plain", 2, 1, 1, 0, kSteps, "", plain.string(), "gpt+distopt"), straight, 2e-5,
+                 "plain dp2 checkpoint resumed with the distributed optimizer");
+  fs::remove_all(saved);
+  fs::remove_all(plain);
+}
+
+// In bf16 the fp32 main params are gathered and saved too: a dp2 run resumes bit for bit, which it would not from the
+// bf16 weights, and its checkpoint resumes in bf16 without the distributed optimizer.
+TEST(CheckpointResume, DistributedOptimizerInBf16KeepsTheFp32MainParams) {
+  const fs::path saved = fresh_directory("distopt_bf16_save");
+  const Record straight = run("distopt_bf16_straight", 2, 1, 1, 0, kSteps, "", "", "gpt+distopt+bf16");
+  run("distopt_bf16_first", 2, 1, 1, 0, kSteps / 2, saved.string(), "", "gpt+distopt+bf16");
+  expect_follows(run("distopt_bf16_dp1", 1, 1, 1, 0, kSteps, "", saved.string(), "gpt+bf16"), straight, 1e-2,
+                 "bf16 dp1 without the distributed optimizer");
+  const Record second = run("distopt_bf16_second", 2, 1, 1, 0, kSteps, saved.string(), "", "gpt+distopt+bf16");
+  expect_follows(second, straight, 0.0, "bf16 dp2 resumed");
+  EXPECT_EQ(second.params, straight.params) << "the final parameters differ (CRC per slice)";
   fs::remove_all(saved);
 }
 

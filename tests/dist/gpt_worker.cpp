@@ -13,7 +13,7 @@
 //       (with sp: only if the partial gradients of sequence parallelism are summed over the group).
 //   gpt_worker bad_data
 //       rank 0 trains on mock data, the last rank on a dataset prefix that does not exist: both exit 3 at once.
-//   gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save_dir|-> <load_dir|->
+//   gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save_dir|-> <load_dir|-> [<block>[+switches]]
 //       pretrain() the tiny GPT (vocabulary padded alike at tp 1, 2 and 4) for <steps> steps, saving to / loading
 //       from the directories, and write <out_dir>/rank<r>.txt: the losses (last stage) and grad norms (rank 0) of
 //       every step as exact hex floats, a CRC of every parameter slice this rank holds after on_train_end, and
@@ -59,6 +59,30 @@ using namespace bridge;
 using namespace bridge::training;
 
 using testing::expect;
+
+// "<block>[+full_recompute][+sp][+distopt][+bf16]": the block (gpt or llama), then full recomputation of every layer
+// (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer, the bf16_mixed recipe.
+void apply_switches(ConfigContainer& config, const std::string& block) {
+  std::istringstream switches(block);
+  std::string item;
+  std::getline(switches, item, '+');
+  if (item == "llama") testing::use_llama_block(config.model);
+  while (std::getline(switches, item, '+')) {
+    if (item == "full_recompute") {
+      config.model.recompute_granularity = models::RecomputeGranularity::kFull;
+      config.model.recompute_method = models::RecomputeMethod::kUniform;
+      config.model.recompute_num_layers = 1;
+    } else if (item == "sp") {
+      config.model.sequence_parallel = true;
+    } else if (item == "distopt") {
+      config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
+    } else if (item == "bf16") {
+      apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
+    } else {
+      throw std::invalid_argument("unknown switch '+" + item + "' in '" + block + "'");
+    }
+  }
+}
 
 int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& precision,
                const std::string& block) {
@@ -142,25 +166,7 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   });
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   apply_mixed_precision_recipe(config.mixed_precision, precision);
-  // "<block>[+full_recompute][+sp][+distopt]": the block, then full recomputation of every layer (Megatron's uniform,
-  // 1 layer), sequence parallelism, the distributed optimizer.
-  std::istringstream switches(block);
-  std::string item;
-  std::getline(switches, item, '+');
-  if (item == "llama") testing::use_llama_block(config.model);
-  while (std::getline(switches, item, '+')) {
-    if (item == "full_recompute") {
-      config.model.recompute_granularity = models::RecomputeGranularity::kFull;
-      config.model.recompute_method = models::RecomputeMethod::kUniform;
-      config.model.recompute_num_layers = 1;
-    } else if (item == "sp") {
-      config.model.sequence_parallel = true;
-    } else if (item == "distopt") {
-      config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
-    } else {
-      throw std::invalid_argument("parity: unknown switch '+" + item + "' in '" + block + "'");
-    }
-  }
+  apply_switches(config, block);
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
   const int64_t chunks = vpp > 0 ? vpp : 1;
@@ -339,7 +345,7 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   if (save != "-") config.checkpoint.save = save;
   if (load != "-") config.checkpoint.load = load;
   config.train.exit_signal_handler = true;
-  if (block == "llama") testing::use_llama_block(config.model);
+  apply_switches(config, block);
   const TrainState state = pretrain(config, gpt_forward_step, manager);
   lines += "end " + std::to_string(state.step) + " " + (train_end ? "1" : "0") + "\n";
   std::ofstream(out_dir + "/rank" + std::to_string(parallel::get_rank()) + ".txt") << lines;

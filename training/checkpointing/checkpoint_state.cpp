@@ -99,7 +99,7 @@ std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup) {
 }
 
 c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
-                                       int64_t iteration) {
+                                       int64_t iteration, const DistributedOptimizer::WholeState* whole) {
   GenericDict top = new_checkpoint_dict();
   top.insert("checkpoint_version", kCheckpointVersion);
   top.insert(kQkvLayoutKey, std::string(kQkvLayoutGrouped));
@@ -141,15 +141,37 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   GenericDict state = new_checkpoint_dict();
   GenericList names = new_list();
   auto& optimizer_state = setup.optimizer->state();
+  // The distributed optimizer's whole state of a parameter under `key` (none: not saved).
+  const auto whole_tensor = [&](const CheckpointParam& entry, const std::string& key) -> std::optional<torch::Tensor> {
+    auto of = whole->tensors.find(entry.param.unsafeGetTensorImpl());
+    if (of == whole->tensors.end()) return std::nullopt;
+    auto found = of->second.find(key);
+    if (found == of->second.end()) return std::nullopt;
+    return found->second;
+  };
+  bool fp32_main_params = setup.mixed_precision != nullptr;
   for (const CheckpointParam& entry : params) {
     if (entry.tied_copy) continue;
     model.emplace(entry.name, entry.param);
-    if (setup.mixed_precision) main_params.emplace(entry.name, entry.main_param);
     metadata.insert(entry.name, dc::to_ivalue(entry.layout));
     names.push_back(entry.name);
+    GenericDict param_state = new_checkpoint_dict();
+    if (whole != nullptr) {
+      if (std::optional<torch::Tensor> main = whole_tensor(entry, "main_param")) {
+        main_params.emplace(entry.name, *main);
+        fp32_main_params = true;
+      }
+      if (!whole->stepped) continue;
+      if (setup.config.optimizer.optimizer == "adam") param_state.insert("step", whole->step);
+      for (const char* key : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
+        if (std::optional<torch::Tensor> value = whole_tensor(entry, key)) param_state.insert(key, *value);
+      }
+      state.insert(entry.name, param_state);
+      continue;
+    }
+    if (setup.mixed_precision) main_params.emplace(entry.name, entry.main_param);
     auto found = optimizer_state.find(optimizer_state_key(entry.main_param));
     if (found == optimizer_state.end()) continue;  // no step yet
-    GenericDict param_state = new_checkpoint_dict();
     if (auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
       param_state.insert("step", adam->step());
       param_state.insert("exp_avg", snapshot(adam->exp_avg()));
@@ -163,20 +185,37 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   top.insert("model", tensor_map(model));
   top.insert("shard_metadata", metadata);
 
+  // The groups by name. The distributed optimizer's groups hold pieces, some of them other ranks': its groups are
+  // saved as build_optimizer splits whole parameters (matrices decayed, first; an empty group left out).
   GenericList groups = new_list();
-  for (const auto& group : setup.optimizer->param_groups()) {
+  const auto add_group = [&](double lr, GenericList group_names) {
+    if (group_names.empty()) return;
     GenericDict g = new_checkpoint_dict();
-    g.insert("lr", group.options().get_lr());
-    GenericList group_names = new_list();
-    for (const torch::Tensor& p : group.params()) {
+    g.insert("lr", lr);
+    g.insert("params", std::move(group_names));
+    groups.push_back(g);
+  };
+  if (whole != nullptr) {
+    const double lr = setup.optimizer->param_groups().front().options().get_lr();
+    for (const bool decayed : {true, false}) {
+      GenericList group_names = new_list();
       for (const CheckpointParam& entry : params) {
-        if (!entry.tied_copy && entry.main_param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
-          group_names.push_back(entry.name);
+        if (!entry.tied_copy && (entry.param.dim() > 1) == decayed) group_names.push_back(entry.name);
+      }
+      add_group(lr, group_names);
+    }
+  } else {
+    for (const auto& group : setup.optimizer->param_groups()) {
+      GenericList group_names = new_list();
+      for (const torch::Tensor& p : group.params()) {
+        for (const CheckpointParam& entry : params) {
+          if (!entry.tied_copy && entry.main_param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+            group_names.push_back(entry.name);
+          }
         }
       }
+      add_group(group.options().get_lr(), group_names);
     }
-    g.insert("params", group_names);
-    groups.push_back(g);
   }
   GenericDict inner = new_checkpoint_dict();
   inner.insert("state", state);
@@ -184,8 +223,8 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   GenericDict optimizer = new_checkpoint_dict();
   optimizer.insert("optimizer", inner);
   optimizer.insert("optimizer_type", setup.config.optimizer.optimizer);
+  if (fp32_main_params) optimizer.insert("fp32_from_fp16_params", tensor_map(main_params));
   if (setup.mixed_precision) {
-    optimizer.insert("fp32_from_fp16_params", tensor_map(main_params));
     if (const GradScaler* scaler = setup.mixed_precision->grad_scaler()) {
       GenericDict grad_scaler = new_checkpoint_dict();
       grad_scaler.insert("scale", scaler->scale());
@@ -331,6 +370,38 @@ std::optional<GenericDict> first_optimizer_state(const std::string& name,
   return std::nullopt;
 }
 
+// The distributed optimizer's pieces of `entry` take their elements of the saved whole tensors (any data-parallel
+// size, with or without the distributed optimizer): a bf16 model's fp32 main params, and the optimizer state.
+void load_distributed_optimizer_state(PretrainSetup& setup, const CheckpointParam& entry,
+                                      const std::map<std::string, LoadedFile>& files,
+                                      const std::map<std::string, std::vector<std::string>>& files_of,
+                                      const LoadOptions& options, const std::vector<Slice>& model) {
+  const std::string& name = entry.source_name();
+  const auto whole_of = [&](const std::vector<Slice>& slices) {
+    torch::Tensor whole = torch::zeros(entry.param.sizes(), torch::kFloat32);
+    copy_slices(whole, entry, slices);
+    return whole;
+  };
+  std::map<std::string, torch::Tensor> whole;
+  if (entry.param.scalar_type() != torch::kFloat32) {
+    // The fp32 main values where the checkpoint has them (saved under mixed precision), else the model's.
+    std::vector<Slice> main = slices_of(name, files, files_of, "fp32_from_fp16_params");
+    whole.emplace("main_param", whole_of(main.empty() ? model : main));
+  }
+  const std::optional<GenericDict> saved_state =
+      options.optimizer ? first_optimizer_state(name, files, files_of) : std::nullopt;
+  std::optional<int64_t> step;
+  if (saved_state) {
+    const auto found = saved_state->find(c10::IValue(std::string("step")));
+    step = found != saved_state->end() ? found->value().toInt() : 0;
+    for (const std::string& key : optimizer_keys(options.optimizer_type)) {
+      std::vector<Slice> slices = slices_of(name, files, files_of, key);
+      if (!slices.empty()) whole.emplace(key, whole_of(slices));
+    }
+  }
+  setup.distributed_optimizer->load_state(*setup.optimizer, entry.param, whole, step);
+}
+
 }  // namespace
 
 void check_loadable(const std::vector<CheckpointParam>& params, const std::map<std::string, LoadedFile>& files,
@@ -367,6 +438,10 @@ void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& p
     const std::string& name = entry.source_name();
     const std::vector<Slice> model = slices_of(name, files, files_of, "model");
     copy_slices(entry.param, entry, model);
+    if (setup.distributed_optimizer) {
+      load_distributed_optimizer_state(setup, entry, files, files_of, options, model);
+      continue;
+    }
     if (setup.mixed_precision) {
       // The fp32 main values where the checkpoint has them (saved under mixed precision), else the model's.
       std::vector<Slice> main = slices_of(name, files, files_of, "fp32_from_fp16_params");

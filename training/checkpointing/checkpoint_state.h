@@ -52,9 +52,11 @@ std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup);
 std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size);
 
 /// The dict this rank saves for `iteration` (see the top of this file). Tensors are detached CPU copies, so the
-/// result stays valid while training goes on (an asynchronous save writes it later).
+/// result stays valid while training goes on (an asynchronous save writes it later). With the distributed
+/// optimizer, `whole` is its state gathered on this rank (DistributedOptimizer::gather_state), saved in the same
+/// per-parameter layout as an optimizer without sharding.
 c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
-                                       int64_t iteration);
+                                       int64_t iteration, const DistributedOptimizer::WholeState* whole = nullptr);
 
 /// A loaded file's dict, with the path it came from for error messages.
 struct LoadedFile {

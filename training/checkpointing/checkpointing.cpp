@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -244,11 +245,15 @@ std::string save_checkpoint(PretrainSetup& setup) {
 
   // The snapshot: CPU copies of this rank's state as of this step, so the write may happen while training goes on.
   // Starting the write (a thread, with async_save) is inside the shared failure check too: it can fail on one rank.
+  // The distributed optimizer's state is gathered to the writers first (Megatron's gather to data-parallel rank 0),
+  // so that the files hold the same per-parameter state as without it and load into any layout.
   const bool async = setup.config.checkpoint.async_save;
+  std::optional<DistributedOptimizer::WholeState> whole;
   try {
+    if (setup.distributed_optimizer) whole = setup.distributed_optimizer->gather_state(*setup.optimizer, writer);
     on_every_rank(pending->what, [&] {
       if (!writer) return;
-      GenericDict own = rank_state_dict(setup, params, pending->iteration);
+      GenericDict own = rank_state_dict(setup, params, pending->iteration, whole ? &*whole : nullptr);
       if (setup.callbacks) {
         own.insert("callbacks", save_callback_states(*setup.callbacks));
         own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));

@@ -61,17 +61,6 @@ void validate_distributed_optimizer(const ConfigContainer& config) {
         "optimizer.use_distributed_optimizer does not take fp16 yet (its loss scaling would need the overflow check "
         "over the shards); use mixed_precision=bf16_mixed, or turn the distributed optimizer off");
   }
-  if (!config.checkpoint.save.empty()) {
-    throw std::invalid_argument(
-        "checkpoint.save: the distributed optimizer's sharded state is not saved yet, so a checkpoint would resume "
-        "with a fresh optimizer; set checkpoint.save to null, or optimizer.use_distributed_optimizer and "
-        "ddp.use_distributed_optimizer to false");
-  }
-  if (!config.checkpoint.load.empty() && !config.checkpoint.no_load_optim) {
-    throw std::invalid_argument(
-        "checkpoint.load: the distributed optimizer cannot take a checkpoint's optimizer state yet; set "
-        "checkpoint.no_load_optim: true to load the weights with a fresh optimizer");
-  }
 }
 
 }  // namespace

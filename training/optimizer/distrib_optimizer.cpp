@@ -1,5 +1,5 @@
-// DistributedOptimizer: the shard layout over each bucket, the pieces' main params, and the step's two ends (grads
-// in, updated shards out and all-gathered).
+// DistributedOptimizer: the shard layout over each bucket, the pieces' main params, the step's two ends (grads in,
+// updated shards out and all-gathered), and the state gathered whole for a checkpoint and handed back on a load.
 #include "training/optimizer/distrib_optimizer.h"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "training/optimizer/optimizer.h"
 
 namespace bridge::training {
 namespace {
@@ -75,8 +76,9 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
         if (first >= last) continue;
         Piece piece;
         piece.model_param = param;
-        piece.model_view = param.detach().view({-1}).narrow(0, first - bucket.offsets[i], last - first);
-        piece.grad_view = ddp->main_grad(param).view({-1}).narrow(0, first - bucket.offsets[i], last - first);
+        piece.offset = first - bucket.offsets[i];
+        piece.model_view = param.detach().view({-1}).narrow(0, piece.offset, last - first);
+        piece.grad_view = ddp->main_grad(param).view({-1}).narrow(0, piece.offset, last - first);
         // fp32 parameters are stepped in place; bf16/fp16 ones through an fp32 copy, as Megatron's main params.
         piece.main_param =
             param.scalar_type() == torch::kFloat32 ? piece.model_view : piece.model_view.to(torch::kFloat32).clone();
@@ -87,7 +89,6 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
         tp::set_param_attributes(piece.main_param, attributes);
         (param.dim() <= 1 ? not_decayed_ : decayed_).push_back(piece.main_param);
         main_params_.push_back(piece.main_param);
-        shard_numel_ += last - first;
         pieces_.push_back(std::move(piece));
       }
       buckets_.push_back(std::move(bucket));
@@ -119,13 +120,6 @@ std::vector<DistributedOptimizer::Piece> distributed_optimizer_pieces(const torc
   return pieces;
 }
 
-void DistributedOptimizer::reload_main_params() {
-  torch::NoGradGuard no_grad;
-  for (Piece& piece : pieces_) {
-    if (!piece.main_param.is_same(piece.model_view)) piece.main_param.copy_(piece.model_view);
-  }
-}
-
 void DistributedOptimizer::prepare_grads() {
   torch::NoGradGuard no_grad;
   for (Piece& piece : pieces_) {
@@ -139,29 +133,160 @@ void DistributedOptimizer::finish_step() {
   for (Piece& piece : pieces_) {
     if (!piece.main_param.is_same(piece.model_view)) piece.model_view.copy_(piece.main_param);
   }
-  for (const BucketShard& bucket : buckets_) all_gather(bucket);
+  for (const BucketShard& bucket : buckets_) {
+    exchange(bucket, [&](std::size_t i) { return bucket.params[i].detach().view({-1}); });
+  }
 }
 
-// Every rank sends its updated elements of the bucket, [r c, (r + 1) c), and writes the others' into its params, so
-// the whole model is the same on every data-parallel rank again. In windows of at most kGatherWindow elements: the
-// staging tensors (this rank's window and the d gathered ones) stay small next to the model.
-void DistributedOptimizer::all_gather(const BucketShard& bucket) {
+std::unordered_map<const c10::TensorImpl*, torch::Tensor> DistributedOptimizer::gather_whole(
+    const std::function<torch::Tensor(const Piece&)>& piece_value, bool keep) const {
+  torch::NoGradGuard no_grad;
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> whole;
+  for (const BucketShard& bucket : buckets_) {
+    // One bucket's parameters at a time in fp32 on the device: the staging stays one bucket's size.
+    std::vector<torch::Tensor> flat;
+    std::unordered_map<const c10::TensorImpl*, std::size_t> index;
+    for (const torch::Tensor& param : bucket.params) {
+      index.emplace(param.unsafeGetTensorImpl(), flat.size());
+      flat.push_back(torch::zeros({param.numel()}, param.options().dtype(torch::kFloat32).requires_grad(false)));
+    }
+    for (const Piece& piece : pieces_) {
+      auto found = index.find(piece.model_param.unsafeGetTensorImpl());
+      if (found == index.end()) continue;  // another bucket's
+      flat[found->second].narrow(0, piece.offset, piece.model_view.numel()).copy_(piece_value(piece));
+    }
+    exchange(bucket, [&](std::size_t i) { return flat[i]; });
+    if (!keep) continue;
+    for (std::size_t i = 0; i < bucket.params.size(); ++i) {
+      whole.emplace(bucket.params[i].unsafeGetTensorImpl(),
+                    flat[i].view(bucket.params[i].sizes()).to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    }
+  }
+  return whole;
+}
+
+namespace {
+
+// This rank's optimizer state of a piece's main param, or nullptr before its first step.
+torch::optim::OptimizerParamState* piece_state(torch::optim::Optimizer& optimizer, const torch::Tensor& main_param) {
+  auto found = optimizer.state().find(optimizer_state_key(main_param));
+  return found == optimizer.state().end() ? nullptr : found->second.get();
+}
+
+}  // namespace
+
+DistributedOptimizer::WholeState DistributedOptimizer::gather_state(torch::optim::Optimizer& optimizer,
+                                                                    bool keep) const {
+  const bool adam = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  // Whether any rank has stepped, AdamW's step and whether SGD keeps momentum: a rank may hold no piece at all.
+  int64_t stepped = 0, step = 0, momentum = 0;
+  for (const Piece& piece : pieces_) {
+    torch::optim::OptimizerParamState* state = piece_state(optimizer, piece.main_param);
+    if (state == nullptr) continue;
+    stepped = 1;
+    if (auto* adam_state = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+      step = std::max(step, adam_state->step());
+    } else if (static_cast<torch::optim::SGDParamState*>(state)->momentum_buffer().defined()) {
+      momentum = 1;
+    }
+  }
+  torch::Tensor flags = torch::tensor({stepped, step, momentum}, torch::kInt64);
+  if (!buckets_.empty()) flags = flags.to(buckets_.front().params.front().device());  // NCCL's device
+  group_->all_reduce(flags, parallel::ReduceOp::kMax);
+  flags = flags.cpu();
+  WholeState whole;
+  whole.stepped = flags[0].item<int64_t>() != 0;
+  whole.step = flags[1].item<int64_t>();
+
+  std::vector<std::string> keys;
+  if (whole.stepped && adam) keys = {"exp_avg", "exp_avg_sq"};
+  if (whole.stepped && !adam && flags[2].item<int64_t>() != 0) keys = {"momentum_buffer"};
+  for (const std::string& key : keys) {
+    auto values = gather_whole(
+        [&](const Piece& piece) {
+          torch::optim::OptimizerParamState* state = piece_state(optimizer, piece.main_param);
+          if (state == nullptr) {
+            throw std::logic_error("DistributedOptimizer::gather_state: a piece has no optimizer state after a step");
+          }
+          if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+            return key == "exp_avg" ? a->exp_avg() : a->exp_avg_sq();
+          }
+          return static_cast<torch::optim::SGDParamState*>(state)->momentum_buffer();
+        },
+        keep);
+    for (auto& [param, value] : values) whole.tensors[param].emplace(key, std::move(value));
+  }
+  // A bf16 model's fp32 main params (an fp32 model's are its own params).
+  const bool fp32 = std::all_of(buckets_.begin(), buckets_.end(), [](const BucketShard& bucket) {
+    return bucket.params.front().scalar_type() == torch::kFloat32;
+  });
+  if (!fp32) {
+    auto values = gather_whole([](const Piece& piece) { return piece.main_param; }, keep);
+    for (auto& [param, value] : values) whole.tensors[param].emplace("main_param", std::move(value));
+  }
+  return whole;
+}
+
+void DistributedOptimizer::load_state(torch::optim::Optimizer& optimizer, const torch::Tensor& model_param,
+                                      const std::map<std::string, torch::Tensor>& whole,
+                                      std::optional<int64_t> step) const {
+  torch::NoGradGuard no_grad;
+  const auto part = [&](const Piece& piece, const std::string& key) -> std::optional<torch::Tensor> {
+    auto found = whole.find(key);
+    if (found == whole.end()) return std::nullopt;
+    return found->second.reshape({-1}).narrow(0, piece.offset, piece.model_view.numel());
+  };
+  const auto required = [&](const Piece& piece, const std::string& key) {
+    std::optional<torch::Tensor> values = part(piece, key);
+    if (!values) throw std::logic_error("DistributedOptimizer::load_state: no '" + key + "' for a parameter");
+    return *values;
+  };
+  const bool adam = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  for (const Piece& piece : pieces_) {
+    if (!piece.model_param.is_same(model_param)) continue;
+    if (!piece.main_param.is_same(piece.model_view)) {
+      if (std::optional<torch::Tensor> main = part(piece, "main_param")) piece.main_param.copy_(*main);
+    }
+    if (!step) continue;
+    // Fresh tensors of the piece's dtype and device, as the optimizer's first step would make them.
+    const auto fresh = [&](const torch::Tensor& values) { return values.to(piece.main_param.options(), false, true); };
+    const auto key = optimizer_state_key(piece.main_param);
+    if (adam) {
+      auto state = std::make_unique<torch::optim::AdamWParamState>();
+      state->step(*step);
+      state->exp_avg(fresh(required(piece, "exp_avg")));
+      state->exp_avg_sq(fresh(required(piece, "exp_avg_sq")));
+      optimizer.state()[key] = std::move(state);
+    } else {
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      if (std::optional<torch::Tensor> momentum = part(piece, "momentum_buffer")) {
+        state->momentum_buffer(fresh(*momentum));
+      }
+      optimizer.state()[key] = std::move(state);
+    }
+  }
+}
+
+// In windows of at most kGatherWindow elements: the staging tensors (this rank's window and the d gathered ones) stay
+// small next to the model.
+void DistributedOptimizer::exchange(const BucketShard& bucket,
+                                    const std::function<torch::Tensor(std::size_t)>& flat) const {
   constexpr int64_t kGatherWindow = int64_t{1} << 22;
   if (group_->size() == 1) return;
-  // visit(param elements, position in the window) for the bucket's elements [begin, end).
+  // visit(the elements, position in the window) for the bucket's elements [begin, end).
   const auto for_range = [&](int64_t begin, int64_t end, const auto& visit) {
     end = std::min(end, bucket.numel);
     for (std::size_t i = 0; i < bucket.params.size(); ++i) {
       const int64_t first = std::max(begin, bucket.offsets[i]);
       const int64_t last = std::min(end, bucket.offsets[i] + bucket.params[i].numel());
       if (first >= last) continue;
-      visit(bucket.params[i].detach().view({-1}).narrow(0, first - bucket.offsets[i], last - first), first - begin);
+      visit(flat(i).narrow(0, first - bucket.offsets[i], last - first), first - begin);
     }
   };
   const int64_t me = group_->rank();
   for (int64_t at = 0; at < bucket.shard; at += kGatherWindow) {
     const int64_t window = std::min(kGatherWindow, bucket.shard - at);
-    torch::Tensor mine = torch::zeros({window}, bucket.params.front().options().requires_grad(false));
+    torch::Tensor mine = torch::zeros({window}, flat(0).options().requires_grad(false));
     for_range(me * bucket.shard + at, me * bucket.shard + at + window,
               [&](const torch::Tensor& elements, int64_t to) { mine.narrow(0, to, elements.numel()).copy_(elements); });
     const std::vector<torch::Tensor> windows = group_->all_gather(mine);

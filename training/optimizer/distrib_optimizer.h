@@ -21,6 +21,11 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/distributed/distributed_data_parallel.h"
@@ -44,11 +49,6 @@ class DistributedOptimizer {
   /// This rank's pieces' main params, with their grads after prepare_grads(): what the grad norm and clipping take
   /// (over every rank of the world; each element is on one data-parallel rank).
   const std::vector<torch::Tensor>& main_params() const { return main_params_; }
-  /// Elements of the model this rank holds optimizer state for.
-  int64_t shard_numel() const { return shard_numel_; }
-
-  /// The fp32 main params take the bf16/fp16 model params' values again (after weights were loaded into the model).
-  void reload_main_params();
   /// Megatron's _copy_model_grads_to_main_grads: each main param's grad becomes its elements of the grad buffer
   /// (a view, or an fp32 copy of a bf16 buffer).
   void prepare_grads();
@@ -58,26 +58,54 @@ class DistributedOptimizer {
 
   struct Piece {
     torch::Tensor model_param;  ///< the wrapped parameter
-    torch::Tensor model_view;   ///< its elements [start, start + numel), flattened
+    int64_t offset = 0;         ///< where the piece starts among the parameter's elements (flattened)
+    torch::Tensor model_view;   ///< its elements [offset, offset + numel), flattened
     torch::Tensor grad_view;    ///< the same elements of its main_grad
     torch::Tensor main_param;   ///< model_view itself (same dtype as the main grads) or an fp32 copy
   };
-  /// A bucket's parameters and where this rank's shard of it lies.
-  struct BucketShard {
-    std::vector<torch::Tensor> params;  ///< in buffer order
-    std::vector<int64_t> offsets;       ///< each param's first element within the bucket
-    int64_t numel = 0;                  ///< elements of the bucket
-    int64_t shard = 0;                  ///< elements per rank, ceil(numel / dp)
+
+  /// Megatron's get_parameter_state_dp_zero: the state `optimizer` (built over main_params()) keeps for the pieces,
+  /// and a bf16 model's fp32 main params, whole per model parameter as an optimizer without sharding keeps them:
+  /// tensors[param] maps "exp_avg", "exp_avg_sq" (AdamW), "momentum_buffer" (SGD with momentum) and "main_param"
+  /// (bf16) to fp32 CPU tensors of the parameter's shape. What a checkpoint saves, so that it loads into any
+  /// data-parallel size and with the distributed optimizer on or off. Collective over the data-parallel group; with
+  /// `keep` false (a rank that does not write) this rank only contributes.
+  struct WholeState {
+    bool stepped = false;  ///< the optimizer has state: it stepped at least once
+    int64_t step = 0;      ///< AdamW's step count (every piece's is the same)
+    std::unordered_map<const c10::TensorImpl*, std::map<std::string, torch::Tensor>> tensors;
   };
+  WholeState gather_state(torch::optim::Optimizer& optimizer, bool keep) const;
+
+  /// The way back (Megatron's load_parameter_state_from_dp_zero), one parameter at a time: this rank's pieces of
+  /// `model_param` take their elements of `whole` (tensors of its shape under the keys above): the main params from
+  /// "main_param", and with `step` (the checkpoint has optimizer state) new optimizer state from the rest.
+  void load_state(torch::optim::Optimizer& optimizer, const torch::Tensor& model_param,
+                  const std::map<std::string, torch::Tensor>& whole, std::optional<int64_t> step) const;
+
+  /// Every wrapped parameter's whole value of something the pieces hold (an optimizer state, the fp32 main param),
+  /// put together from the data-parallel ranks' pieces: `piece_value(piece)` gives this rank's fp32 values of one of
+  /// its pieces ([numel]); the result maps each model parameter to an fp32 CPU tensor of its shape. Collective over
+  /// the data-parallel group, one bucket at a time; with `keep` false this rank only contributes (an empty map).
+  std::unordered_map<const c10::TensorImpl*, torch::Tensor> gather_whole(
+      const std::function<torch::Tensor(const Piece&)>& piece_value, bool keep) const;
 
  private:
-  void all_gather(const BucketShard& bucket);
+  // A bucket's parameters and where this rank's shard of it lies.
+  struct BucketShard {
+    std::vector<torch::Tensor> params;  // in buffer order
+    std::vector<int64_t> offsets;       // each param's first element within the bucket
+    int64_t numel = 0;                  // elements of the bucket
+    int64_t shard = 0;                  // elements per rank, ceil(numel / dp)
+  };
+  // Every rank sends its elements of `bucket` and takes the others': flat(i) is the flattened tensor of the bucket's
+  // i-th parameter that this rank's elements are read from and the others' written into.
+  void exchange(const BucketShard& bucket, const std::function<torch::Tensor(std::size_t)>& flat) const;
 
   parallel::ProcessGroup* group_;
   std::vector<Piece> pieces_;
   std::vector<BucketShard> buckets_;
   std::vector<torch::Tensor> main_params_, decayed_, not_decayed_;
-  int64_t shard_numel_ = 0;
 };
 
 /// This rank's pieces of `model_param` in the live DistributedOptimizer that shards it (none when none does): what a
