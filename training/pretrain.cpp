@@ -179,7 +179,9 @@ void build(PretrainSetup& setup) {
   if (config.optimizer.use_distributed_optimizer) {
     std::vector<parallel::distributed::DistributedDataParallel*> wrappers;
     for (const auto& ddp : setup.ddp) wrappers.push_back(ddp.get());
-    setup.distributed_optimizer = std::make_unique<DistributedOptimizer>(wrappers);
+    std::optional<GradScaler> grad_scaler;
+    if (mp.fp16) grad_scaler = GradScaler::from_config(mp);
+    setup.distributed_optimizer = std::make_unique<DistributedOptimizer>(wrappers, nullptr, grad_scaler);
     setup.optimizer = build_optimizer(config.optimizer, setup.distributed_optimizer->decayed_params(),
                                       setup.distributed_optimizer->not_decayed_params());
   } else if (mp.enabled()) {

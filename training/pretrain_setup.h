@@ -44,6 +44,11 @@ struct PretrainSetup {
   std::unique_ptr<MixedPrecision> mixed_precision;
   /// optimizer.use_distributed_optimizer: this rank's shards of the parameters, which the optimizer steps on.
   std::unique_ptr<DistributedOptimizer> distributed_optimizer;
+  /// fp16's loss scaler, the mixed-precision optimizer's or the distributed optimizer's; null without fp16.
+  GradScaler* grad_scaler() const {
+    if (mixed_precision) return mixed_precision->grad_scaler();
+    return distributed_optimizer ? distributed_optimizer->grad_scaler() : nullptr;
+  }
   std::unique_ptr<torch::optim::Optimizer> optimizer;  // over the fp32 main params under mixed precision
   std::unique_ptr<OptimizerParamScheduler> scheduler;
 

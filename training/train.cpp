@@ -42,11 +42,9 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
     options.set_grad_sync = [&](bool enabled) {
       for (auto& ddp : setup.ddp) ddp->set_grad_sync(enabled);
     };
-    if (setup.mixed_precision && setup.mixed_precision->grad_scaler() != nullptr) {
+    if (setup.grad_scaler() != nullptr) {
       // fp16: the loss is multiplied by the current scale before its backward; the grads are unscaled after.
-      options.grad_scale_func = [&setup](const torch::Tensor& loss) {
-        return loss * setup.mixed_precision->loss_scale();
-      };
+      options.grad_scale_func = [&setup](const torch::Tensor& loss) { return loss * setup.grad_scaler()->scale(); };
     }
     options.finalize_model_grads = [&] {
       std::vector<parallel::distributed::DistributedDataParallel*> chunks;
@@ -148,9 +146,14 @@ StepOutcome train_step(PretrainSetup& setup) {
     outcome.loss_dict = reduce_losses(setup, reported);
     return outcome;
   }
-  // The distributed optimizer's shards hold each element on one data-parallel rank: their norm is the world's.
+  // The distributed optimizer's shards hold each element on one data-parallel rank: their norm is the world's, and
+  // so is fp16's overflow check.
   DistributedOptimizer* shards = setup.distributed_optimizer.get();
-  if (shards != nullptr) shards->prepare_grads();
+  if (shards != nullptr && shards->prepare_grads()) {
+    outcome.skipped_iter = true;
+    outcome.loss_dict = reduce_losses(setup, reported);
+    return outcome;
+  }
   const std::vector<torch::Tensor>& grad_params = shards != nullptr ? shards->main_params()
                                                   : mp != nullptr   ? mp->main_params()
                                                                     : setup.params;

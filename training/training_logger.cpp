@@ -170,7 +170,7 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   }
   record.metrics["batch-size"] = static_cast<double>(config.train.global_batch_size);
   for (const auto& [key, value] : loss_dict) record.metrics[key] = value.item<double>();
-  const double loss_scale = setup_.mixed_precision ? setup_.mixed_precision->loss_scale() : 1.0;
+  const double loss_scale = setup_.grad_scaler() != nullptr ? setup_.grad_scaler()->scale() : 1.0;
   if (logging.log_loss_scale_to_tensorboard) record.metrics["loss-scale"] = loss_scale;
   if (logging.log_world_size_to_tensorboard) record.metrics["world-size"] = setup_.world_size;
   if (!skipped_iter) record.metrics["grad-norm"] = reduced_grad_norm;  // a skipped step has none (Megatron: None)

@@ -195,6 +195,20 @@ TEST(GptParityBf16, DataParallel2DistributedOptimizer) {
   expect_bf16_parity("bf16_dp2_distopt", 2, 1, 1, "gpt+distopt");
 }
 
+// fp16 with the distributed optimizer: each rank unscales only its shard's gradients and checks them for inf/nan, so
+// an overflow in one rank's shard must skip the step on every rank. The dynamic scale starts at 2^18 here, which
+// overflows in the first step: the run skips the steps the plain dp2 fp16 run skips (a skipped step logs no grad
+// norm) and then follows its losses and grad norms to fp32 round-off (the same fp32 main params and arithmetic).
+TEST(GptParityFp16, DataParallel2DistributedOptimizer) {
+  const RunRecord reference = run_layout("fp16_dp2_reference", 2, 1, 1, 0, "fp16_mixed", "gpt+scale2^18");
+  ASSERT_EQ(reference.loss.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_GT(reference.grad_norm.size(), 0U) << "every step overflowed: nothing was trained";
+  ASSERT_LT(reference.grad_norm.size(), static_cast<std::size_t>(kSteps)) << "no step overflowed";
+  const RunRecord run = run_layout("fp16_dp2_distopt", 2, 1, 1, 0, "fp16_mixed", "gpt+distopt+scale2^18");
+  expect_same(run.loss, reference.loss, 1e-6, "fp16 loss");
+  expect_same(run.grad_norm, reference.grad_norm, 1e-6, "fp16 grad norm (the same steps skipped)");
+}
+
 TEST(GptDropout, ReplicatedWeightsStayIdenticalAcrossTensorParallelRanks) {
   expect_all_ok(run_ranks(kWorker, {"dropout"}, 2, std::chrono::seconds(120)), "dropout: ok");
   // Under sequence parallelism the norms and biases see each rank's own tokens and dropout masks: their gradients

@@ -60,8 +60,9 @@ using namespace bridge::training;
 
 using testing::expect;
 
-// "<block>[+full_recompute][+sp][+distopt][+bf16]": the block (gpt or llama), then full recomputation of every layer
-// (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer, the bf16_mixed recipe.
+// "<block>[+full_recompute][+sp][+distopt][+bf16][+scale2^k]": the block (gpt or llama), then full recomputation of
+// every layer (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer, the bf16_mixed recipe,
+// fp16's dynamic loss scale starting at 2^k with no hysteresis.
 void apply_switches(ConfigContainer& config, const std::string& block) {
   std::istringstream switches(block);
   std::string item;
@@ -78,6 +79,9 @@ void apply_switches(ConfigContainer& config, const std::string& block) {
       config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
     } else if (item == "bf16") {
       apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
+    } else if (item.rfind("scale2^", 0) == 0) {  // fp16's dynamic scale from 2^k, halved at each overflow
+      config.mixed_precision.initial_loss_scale = std::ldexp(1.0, std::stoi(item.substr(7)));
+      config.mixed_precision.hysteresis = 1;
     } else {
       throw std::invalid_argument("unknown switch '+" + item + "' in '" + block + "'");
     }
@@ -156,7 +160,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     const bool last = parallel::is_pipeline_last_stage(/*ignore_virtual=*/true);
     expect(ctx.loss_dict.has_value(), "train_step_end has loss_dict");
     expect(ctx.loss_dict->empty() == !last, "loss_dict is empty exactly off the last stage");
-    expect(ctx.skipped_iter.has_value() && !*ctx.skipped_iter, "skipped_iter is false");
+    expect(ctx.skipped_iter.has_value(), "train_step_end has skipped_iter");
+    expect(!*ctx.skipped_iter || ctx.state.cfg->mixed_precision.fp16, "only fp16 skips a step (an overflow)");
     if (last && parallel::get_tensor_model_parallel_rank() == 0 && parallel::get_data_parallel_rank() == 0) {
       char line[96];
       std::snprintf(line, sizeof(line), "loss %lld %.12e\n", static_cast<long long>(ctx.state.train_state.step),

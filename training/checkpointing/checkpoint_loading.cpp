@@ -338,16 +338,15 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
     load_progress(setup, common);
     setup.last_saved_step = setup.state.train_state.step;
   }
-  if (options.optimizer && setup.mixed_precision && setup.mixed_precision->grad_scaler() != nullptr && !files.empty()) {
+  if (options.optimizer && setup.grad_scaler() != nullptr && !files.empty()) {
     const LoadedFile& file = same_layout ? files.at(own_file) : files.begin()->second;
     const GenericDict optimizer = checkpoint_dict(file.dict, "optimizer", file.path);
     auto scaler = optimizer.find(c10::IValue(std::string("grad_scaler")));
     if (scaler != optimizer.end()) {
       const GenericDict state = scaler->value().toGenericDict();
-      setup.mixed_precision->grad_scaler()->load_state(
-          checkpoint_field(state, "scale", file.path).toDouble(),
-          checkpoint_field(state, "growth_tracker", file.path).toInt(),
-          checkpoint_field(state, "hysteresis_tracker", file.path).toInt());
+      setup.grad_scaler()->load_state(checkpoint_field(state, "scale", file.path).toDouble(),
+                                      checkpoint_field(state, "growth_tracker", file.path).toInt(),
+                                      checkpoint_field(state, "hysteresis_tracker", file.path).toInt());
     }
   }
   if (options.rng && same_layout) {

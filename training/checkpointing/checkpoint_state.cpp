@@ -224,14 +224,12 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   optimizer.insert("optimizer", inner);
   optimizer.insert("optimizer_type", setup.config.optimizer.optimizer);
   if (fp32_main_params) optimizer.insert("fp32_from_fp16_params", tensor_map(main_params));
-  if (setup.mixed_precision) {
-    if (const GradScaler* scaler = setup.mixed_precision->grad_scaler()) {
-      GenericDict grad_scaler = new_checkpoint_dict();
-      grad_scaler.insert("scale", scaler->scale());
-      grad_scaler.insert("growth_tracker", scaler->growth_tracker());
-      grad_scaler.insert("hysteresis_tracker", scaler->hysteresis_tracker());
-      optimizer.insert("grad_scaler", grad_scaler);
-    }
+  if (const GradScaler* scaler = setup.grad_scaler()) {
+    GenericDict grad_scaler = new_checkpoint_dict();
+    grad_scaler.insert("scale", scaler->scale());
+    grad_scaler.insert("growth_tracker", scaler->growth_tracker());
+    grad_scaler.insert("hysteresis_tracker", scaler->hysteresis_tracker());
+    optimizer.insert("grad_scaler", grad_scaler);
   }
   top.insert("optimizer", optimizer);
 

@@ -46,7 +46,7 @@ int64_t ConfigContainer::num_microbatches(int world_size) const {
 
 namespace {
 
-// What the distributed optimizer does not do yet is refused up front, before anything is trained or written.
+// Megatron-Bridge's two switches of the distributed optimizer must agree.
 void validate_distributed_optimizer(const ConfigContainer& config) {
   const bool on = config.optimizer.use_distributed_optimizer;
   if (on != config.ddp.use_distributed_optimizer) {
@@ -54,12 +54,6 @@ void validate_distributed_optimizer(const ConfigContainer& config) {
                                 std::string(on ? "true" : "false") + " and " +
                                 std::string(config.ddp.use_distributed_optimizer ? "true" : "false") +
                                 "); set both, as Megatron-Bridge requires");
-  }
-  if (!on) return;
-  if (config.mixed_precision.fp16) {
-    throw std::invalid_argument(
-        "optimizer.use_distributed_optimizer does not take fp16 yet (its loss scaling would need the overflow check "
-        "over the shards); use mixed_precision=bf16_mixed, or turn the distributed optimizer off");
   }
 }
 

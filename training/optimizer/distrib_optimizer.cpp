@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "training/optimizer/optimizer.h"
@@ -32,9 +33,11 @@ std::unordered_map<const c10::TensorImpl*, std::vector<const DistributedOptimize
 }  // namespace
 
 DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*> chunks,
-                                           parallel::ProcessGroup* data_parallel_group)
+                                           parallel::ProcessGroup* data_parallel_group,
+                                           std::optional<GradScaler> grad_scaler)
     : group_(data_parallel_group != nullptr ? data_parallel_group
-                                            : &parallel::get_data_parallel_group(/*with_context_parallel=*/true)) {
+                                            : &parallel::get_data_parallel_group(/*with_context_parallel=*/true)),
+      grad_scaler_(std::move(grad_scaler)) {
   const int64_t ranks = group_->size();
   const int64_t rank = group_->rank();
   torch::NoGradGuard no_grad;
@@ -120,12 +123,29 @@ std::vector<DistributedOptimizer::Piece> distributed_optimizer_pieces(const torc
   return pieces;
 }
 
-void DistributedOptimizer::prepare_grads() {
+bool DistributedOptimizer::prepare_grads() {
   torch::NoGradGuard no_grad;
   for (Piece& piece : pieces_) {
     piece.main_param.mutable_grad() =
         piece.grad_view.scalar_type() == torch::kFloat32 ? piece.grad_view : piece.grad_view.to(torch::kFloat32);
   }
+  if (!grad_scaler_) return false;
+  // Megatron's _unscale_main_grads_and_check_for_nan over the shards: the flag is agreed over the whole world, since
+  // each rank sees only its own pieces (a rank may hold none).
+  const double inv_scale = grad_scaler_->inv_scale();
+  const torch::Device device = buckets_.empty() ? torch::Device(torch::kCPU) : buckets_.front().params.front().device();
+  torch::Tensor finite = torch::ones({1}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  for (Piece& piece : pieces_) {
+    const torch::Tensor& grad = piece.main_param.grad();
+    grad.mul_(inv_scale);
+    finite.mul_(torch::isfinite(grad).all().to(torch::kFloat32));
+  }
+  torch::Tensor found_inf = 1.0 - finite;
+  parallel::ProcessGroup& world = parallel::get_world_group();
+  if (world.size() > 1) world.all_reduce(found_inf, parallel::ReduceOp::kMax);
+  const bool overflow = found_inf.item<float>() > 0.0f;
+  grad_scaler_->update(overflow);
+  return overflow;
 }
 
 void DistributedOptimizer::finish_step() {

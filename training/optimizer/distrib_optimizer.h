@@ -12,7 +12,7 @@
 //   DistributedOptimizer shards({&ddp}, data_parallel_group);
 //   auto optimizer = build_optimizer(config.optimizer, shards.decayed_params(), shards.not_decayed_params());
 //   ...backward, finalize_model_grads...
-//   shards.prepare_grads();
+//   if (shards.prepare_grads()) return;  // fp16: an inf/nan gradient on some rank skips the step on every rank
 //   double norm = clip_grad_norm(shards.main_params(), 1.0, &world);  // pieces of every rank: the world's norm
 //   optimizer->step();
 //   shards.finish_step();  // main params -> model params, all-gather
@@ -30,6 +30,7 @@
 
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/process_group.h"
+#include "training/optimizer/mixed_precision.h"
 
 namespace bridge::training {
 
@@ -37,8 +38,10 @@ class DistributedOptimizer {
  public:
   /// `chunks`: the DistributedDataParallel of every model chunk on this rank; their grad buffers are sharded over
   /// `data_parallel_group` (nullptr = parallel_state's, with context parallel), which must outlive this object.
+  /// `grad_scaler`: fp16's loss scaler (GradScaler::from_config), whose overflow check runs over the shards.
   explicit DistributedOptimizer(std::vector<parallel::distributed::DistributedDataParallel*> chunks,
-                                parallel::ProcessGroup* data_parallel_group = nullptr);
+                                parallel::ProcessGroup* data_parallel_group = nullptr,
+                                std::optional<GradScaler> grad_scaler = std::nullopt);
   ~DistributedOptimizer();
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
@@ -50,8 +53,11 @@ class DistributedOptimizer {
   /// (over every rank of the world; each element is on one data-parallel rank).
   const std::vector<torch::Tensor>& main_params() const { return main_params_; }
   /// Megatron's _copy_model_grads_to_main_grads: each main param's grad becomes its elements of the grad buffer
-  /// (a view, or an fp32 copy of a bf16 buffer).
-  void prepare_grads();
+  /// (a view, or an fp32 copy of a bf16/fp16 buffer). With fp16's scaler the grads are unscaled and checked: returns
+  /// true when some rank of the world found an inf or nan (the scaler has taken it; skip the step), else false.
+  bool prepare_grads();
+  /// fp16's loss scaler; null without one.
+  GradScaler* grad_scaler() { return grad_scaler_ ? &*grad_scaler_ : nullptr; }
   /// After the optimizer's step: the model params take the main params' values, and every data-parallel rank's
   /// updated shards are all-gathered into every rank's model (collective over the data-parallel group).
   void finish_step();
@@ -103,6 +109,7 @@ class DistributedOptimizer {
   void exchange(const BucketShard& bucket, const std::function<torch::Tensor(std::size_t)>& flat) const;
 
   parallel::ProcessGroup* group_;
+  std::optional<GradScaler> grad_scaler_;
   std::vector<Piece> pieces_;
   std::vector<BucketShard> buckets_;
   std::vector<torch::Tensor> main_params_, decayed_, not_decayed_;
