@@ -158,6 +158,29 @@ class HostStagedRecv final : public PendingWork {
   torch::Tensor host_, target_;
 };
 
+// A reduce-scatter done as an all-reduce of the inputs laid end to end (1.13's Gloo has no reduce-scatter): this
+// rank's chunk is copied into the output when wait() returns.
+class ChunkOfAllReduce final : public PendingWork {
+ public:
+  ChunkOfAllReduce(std::unique_ptr<PendingWork> all_reduce, torch::Tensor all, torch::Tensor output, int64_t chunks,
+                   int64_t rank)
+      : all_reduce_(std::move(all_reduce)),
+        all_(std::move(all)),
+        output_(std::move(output)),
+        chunks_(chunks),
+        rank_(rank) {}
+  void wait() override {
+    all_reduce_->wait();
+    output_.copy_(all_.chunk(chunks_)[static_cast<std::size_t>(rank_)]);
+  }
+  bool is_completed() override { return all_reduce_->is_completed(); }
+
+ private:
+  std::unique_ptr<PendingWork> all_reduce_;
+  torch::Tensor all_, output_;
+  int64_t chunks_, rank_;
+};
+
 // Holds the concrete c10d class: its base is c10d::ProcessGroup in LibTorch 1.x but c10d::Backend in 2.x, while the
 // collective methods used here have the same signatures in both.
 template <class C10dProcessGroup>
@@ -183,9 +206,7 @@ class C10dGroup final : public GroupBackend {
   }
 
   void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) override {
-    // NCCL, and Gloo from LibTorch 2 on (host tensors), reduce-scatter: each rank sends and receives 1/n of the data
-    // an all-reduce moves. LibTorch 1.13's Gloo has none: reduce everything, keep this rank's chunk.
-    if (!kIsGloo || (TORCH_VERSION_MAJOR >= 2 && output.device().is_cpu())) {
+    if (native_reduce_scatter(output)) {
       std::vector<at::Tensor> outputs{output};
       std::vector<std::vector<at::Tensor>> input_lists{inputs};
       c10d::ReduceScatterOptions options;
@@ -217,6 +238,21 @@ class C10dGroup final : public GroupBackend {
     options.reduceOp = to_c10d(op);
     options.timeout = timeout_;
     return start([&] { return group_->allreduce(tensors, options); });
+  }
+
+  std::unique_ptr<PendingWork> reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor>& inputs,
+                                                    ReduceOp op) override {
+    if (native_reduce_scatter(output)) {
+      std::vector<at::Tensor> outputs{output};
+      std::vector<std::vector<at::Tensor>> input_lists{inputs};
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = to_c10d(op);
+      options.timeout = timeout_;
+      return start([&] { return group_->reduce_scatter(outputs, input_lists, options); });
+    }
+    torch::Tensor all = torch::cat(inputs);
+    return std::make_unique<ChunkOfAllReduce>(all_reduce_async(all, op), all, output,
+                                              static_cast<int64_t>(inputs.size()), group_->getRank());
   }
 
   std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
@@ -287,6 +323,12 @@ class C10dGroup final : public GroupBackend {
 
   static constexpr bool kIsGloo = std::is_same_v<C10dProcessGroup, c10d::ProcessGroupGloo>;
 
+  // NCCL, and Gloo from LibTorch 2 on (host tensors), reduce-scatter: each rank sends and receives 1/n of the data an
+  // all-reduce moves. LibTorch 1.13's Gloo has none: reduce everything, keep this rank's chunk.
+  static bool native_reduce_scatter(const torch::Tensor& output) {
+    return !kIsGloo || (TORCH_VERSION_MAJOR >= 2 && output.device().is_cpu());
+  }
+
   // Gloo's send and recv hand the tensor's memory to its transport as it is, so it must be host memory (its
   // collectives copy CUDA tensors themselves). NCCL takes CUDA tensors directly.
   static bool stages_on_host(const torch::Tensor& tensor) { return kIsGloo && !tensor.device().is_cpu(); }
@@ -315,6 +357,10 @@ class DeviceDispatchGroup final : public GroupBackend {
   void recv(torch::Tensor& tensor, int src, int tag) override { for_tensor(tensor).recv(tensor, src, tag); }
   std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {
     return for_tensor(tensor).all_reduce_async(tensor, op);
+  }
+  std::unique_ptr<PendingWork> reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor>& inputs,
+                                                    ReduceOp op) override {
+    return for_tensor(output).reduce_scatter_async(output, inputs, op);
   }
   std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
     return for_tensor(tensor).isend(tensor, dst, tag);

@@ -89,12 +89,20 @@ std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor)
   return outputs;
 }
 
-torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input, ReduceOp op) {
-  if (input.dim() == 0 || input.size(0) % size() != 0) {
-    throw std::invalid_argument("reduce_scatter on group '" + name_ + "': dim 0 of the input (" +
+namespace {
+
+void check_scatter_input(const torch::Tensor& input, int size, const std::string& what) {
+  if (input.dim() == 0 || input.size(0) % size != 0) {
+    throw std::invalid_argument(what + ": dim 0 of the input (" +
                                 (input.dim() == 0 ? std::string("a scalar") : std::to_string(input.size(0))) +
-                                ") must split into " + std::to_string(size()) + " equal chunks");
+                                ") must split into " + std::to_string(size) + " equal chunks");
   }
+}
+
+}  // namespace
+
+torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input, ReduceOp op) {
+  check_scatter_input(input, size(), "reduce_scatter on group '" + name_ + "'");
   std::vector<torch::Tensor> chunks;
   for (const torch::Tensor& chunk : input.chunk(size())) chunks.push_back(chunk.contiguous());
   torch::Tensor output = torch::empty_like(chunks[static_cast<std::size_t>(rank_)]);
@@ -127,6 +135,22 @@ void ProcessGroup::recv(torch::Tensor& tensor, int peer, int tag) {
 
 void ProcessGroup::barrier() {
   if (impl_) run("barrier", [&] { impl_->barrier(); });
+}
+
+Work ProcessGroup::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
+  const std::string what = "reduce_scatter_async on group '" + name_ + "'";
+  check_scatter_input(input, size(), what);
+  if (!input.is_contiguous() || !output.is_contiguous() || output.sizes() != input.chunk(size())[0].sizes()) {
+    throw std::invalid_argument(what + ": the input and output must be contiguous and the output one chunk's shape");
+  }
+  if (!impl_) {
+    output.copy_(input);
+    return Work();
+  }
+  std::vector<torch::Tensor> chunks = input.chunk(size());  // views of the contiguous input, each contiguous
+  std::unique_ptr<detail::PendingWork> pending;
+  run("reduce_scatter_async", [&] { pending = impl_->reduce_scatter_async(output, chunks, op); });
+  return Work(this, "reduce_scatter_async", std::move(pending));
 }
 
 Work ProcessGroup::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {

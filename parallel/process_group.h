@@ -60,6 +60,8 @@ class GroupBackend {
  public:
   virtual ~GroupBackend() = default;
   virtual std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingWork> reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor>& inputs,
+                                                            ReduceOp op) = 0;
   virtual std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) = 0;
   virtual std::unique_ptr<PendingWork> irecv(torch::Tensor& tensor, int src, int tag) = 0;
   virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
@@ -77,9 +79,10 @@ class GroupBackend {
 
 class ProcessGroup;
 
-/// An operation started by ProcessGroup::all_reduce_async, isend or irecv. Its tensor must not be read or written
-/// until wait() returns; wait() throws CommunicationError like the blocking calls. Dropping a Work without waiting is
-/// safe (the backend keeps the tensor alive) but leaves the result unspecified. The group must outlive the Work.
+/// An operation started by ProcessGroup::all_reduce_async, reduce_scatter_async, isend or irecv. Its tensor must not be
+/// read or written until wait() returns; wait() throws CommunicationError like the blocking calls. Dropping a Work
+/// without waiting is safe (the backend keeps the tensor alive) but leaves the result unspecified. The group must
+/// outlive the Work.
 class Work {
  public:
   Work() = default;  ///< Already complete (what groups of one return).
@@ -138,6 +141,9 @@ class ProcessGroup {
 
   /// Starts an in-place all-reduce of contiguous `tensor` and returns at once; wait() on the result.
   Work all_reduce_async(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// Starts a reduce-scatter of contiguous `input` (dim 0 = size() equal chunks) into `output` (one chunk's shape) and
+  /// returns at once; neither may be touched until wait() returns. The distributed optimizer's gradient buckets.
+  Work reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
   /// Start a send to / receive from group rank `peer` and return at once. Sends and receives between two ranks match
   /// in the order they are started (per tag), so a pipeline may start both directions before waiting on either.
   Work isend(const torch::Tensor& tensor, int peer, int tag = 0);

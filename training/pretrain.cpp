@@ -168,13 +168,18 @@ void build(PretrainSetup& setup) {
   for (models::GPTModel& chunk : setup.model) {
     // Built on the CPU from the seeded generators (the same weights on any device), then moved.
     if (!setup.device.is_cpu()) chunk->to(setup.device);
+  }
+  // The tied embedding's grad is summed across the first and last stage: under the distributed optimizer it needs a
+  // bucket of its own on both, so that both shard it alike.
+  setup.embedding_weights = models::embedding_group_weights(setup.model);
+  for (models::GPTModel& chunk : setup.model) {
     setup.chunks.push_back(chunk.ptr());
-    setup.ddp.push_back(std::make_unique<parallel::distributed::DistributedDataParallel>(chunk.ptr(), ddp_config));
+    setup.ddp.push_back(std::make_unique<parallel::distributed::DistributedDataParallel>(
+        chunk.ptr(), ddp_config, nullptr, setup.embedding_weights));
     for (const torch::Tensor& param : chunk->parameters()) {
       if (param.requires_grad()) setup.params.push_back(param);
     }
   }
-  setup.embedding_weights = models::embedding_group_weights(setup.model);
   setup.tensor_parallel_partial_weights = models::tensor_parallel_partial_weights(setup.model);
   if (config.optimizer.use_distributed_optimizer) {
     std::vector<parallel::distributed::DistributedDataParallel*> wrappers;

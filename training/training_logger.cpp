@@ -131,7 +131,8 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
     // Once per run: the whole model's names, the same list on every rank.
     if (grad_norm_names_.empty()) grad_norm_names_ = utils::gather_parameter_names(terms);
     std::vector<double> squares = utils::align_to_names(grad_norm_names_, terms);
-    grads_entry = stats.add("grad norms^2", ReduceOp::kSum, model_parallel, std::move(squares));
+    grads_entry =
+        stats.add("grad norms^2", ReduceOp::kSum, utils::grad_norm_terms_group(setup_.chunks), std::move(squares));
   }
   utils::StatReport memory;
   std::optional<Entry> memory_entry;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -39,6 +40,7 @@ struct Bucket {
   int64_t pending = 0;        // hooked params not yet reported in the current grad sync
   bool started = false;
   Work work;
+  torch::Tensor shard;  // a reduce-scatter's output in flight, copied into this rank's chunk of `data` on wait
 };
 
 // Megatron's param.main_grad: C++ tensors have no attribute slots, so a registry keyed by the TensorImpl (as
@@ -59,12 +61,13 @@ std::string describe_param(std::size_t index, const torch::Tensor& param) {
 }  // namespace
 
 struct DistributedDataParallel::Impl {
-  Impl(std::shared_ptr<torch::nn::Module> wrapped, DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group);
+  Impl(std::shared_ptr<torch::nn::Module> wrapped, DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group,
+       const std::vector<torch::Tensor>& own_bucket_params);
   ~Impl();
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  void build_buffers();
+  void build_buffers(const std::vector<torch::Tensor>& own_bucket);
   void register_hooks();
   void on_grad_ready(std::size_t index);
   void reattach_grad(ParamSlot& slot);
@@ -73,6 +76,7 @@ struct DistributedDataParallel::Impl {
   void start_bucket(Bucket& bucket, bool in_backward);
   void wait_started();
   void reset_sync_state();
+  bool reduce_scatters() const { return config.use_distributed_optimizer && group->size() > 1; }
 
   std::shared_ptr<torch::nn::Module> module;
   DistributedDataParallelConfig config;
@@ -109,7 +113,8 @@ class GradReadyHook final : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 DistributedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> wrapped,
-                                    DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group)
+                                    DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group,
+                                    const std::vector<torch::Tensor>& own_bucket_params)
     : module(std::move(wrapped)), config(ddp_config), group(dp_group) {
   if (!module) throw std::invalid_argument("DistributedDataParallel: the module is null; pass the model chunk to wrap");
   if (config.bucket_size < 0) {
@@ -123,7 +128,7 @@ DistributedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> wrapped,
     index_of.emplace(param.unsafeGetTensorImpl(), params.size());
     params.push_back(param);
   }
-  build_buffers();
+  build_buffers(own_bucket_params);
   register_hooks();
   reset_sync_state();
 }
@@ -147,7 +152,7 @@ DistributedDataParallel::Impl::~Impl() {
   }
 }
 
-void DistributedDataParallel::Impl::build_buffers() {
+void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tensor>& own_bucket) {
   // One buffer per (dtype, device), params in reverse order: the order backward produces their grads.
   struct Group {
     torch::TensorOptions options;
@@ -171,38 +176,56 @@ void DistributedDataParallel::Impl::build_buffers() {
 
   const int64_t bucket_size =
       config.bucket_size > 0 ? config.bucket_size : std::max<int64_t>(40'000'000, int64_t{1'000'000} * group->size());
+  // Under the distributed optimizer each bucket ends padded to a multiple of lcm(dp, 128), as Megatron's, so that it
+  // splits into dp equal, aligned shards; the own_bucket params sit alone.
+  const int64_t pad_to = reduce_scatters() ? std::lcm<int64_t>(group->size(), 128) : 1;
+  std::unordered_map<const c10::TensorImpl*, bool> alone;
+  for (const torch::Tensor& param : own_bucket) {
+    if (param.defined() && reduce_scatters()) alone.emplace(param.unsafeGetTensorImpl(), true);
+  }
   slots.resize(params.size());
   torch::NoGradGuard no_grad;
   for (const Group& g : groups) {
-    int64_t total = 0;
-    for (std::size_t i : g.members) total += params[i].numel();
-    torch::Tensor buffer = torch::zeros({total}, g.options);
+    // The layout first (each member's offset, the buckets' padded ends), then the buffer with the padding included.
+    std::vector<int64_t> offsets(g.members.size()), bucket_of_member(g.members.size());
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // [start, end) of each bucket in the buffer
     int64_t offset = 0;
     int64_t bucket_start = 0;
     auto close_bucket = [&] {
-      Bucket bucket;
-      bucket.data = buffer.narrow(0, bucket_start, offset - bucket_start);
-      buckets.push_back(std::move(bucket));
+      if (offset == bucket_start) return;
+      offset = (offset + pad_to - 1) / pad_to * pad_to;
+      ranges.emplace_back(bucket_start, offset);
       bucket_start = offset;
     };
+    for (std::size_t member = 0; member < g.members.size(); ++member) {
+      const torch::Tensor& param = params[g.members[member]];
+      const bool own = alone.count(param.unsafeGetTensorImpl()) != 0;
+      if (own) close_bucket();
+      offsets[member] = offset;
+      bucket_of_member[member] = static_cast<int64_t>(ranges.size());
+      offset += param.numel();
+      // As Megatron: a param is never split; a bucket closes once it reaches bucket_size. Without overlap one bucket.
+      const bool last = member + 1 == g.members.size();
+      if (own || last || (config.overlap_grad_reduce && offset - bucket_start >= bucket_size)) close_bucket();
+    }
+    torch::Tensor buffer = torch::zeros({offset}, g.options);
+    const auto first_bucket = static_cast<int64_t>(buckets.size());
+    for (const auto& [start, end] : ranges) {
+      Bucket bucket;
+      bucket.data = buffer.narrow(0, start, end - start);
+      buckets.push_back(std::move(bucket));
+    }
     for (std::size_t member = 0; member < g.members.size(); ++member) {
       const std::size_t i = g.members[member];
       ParamSlot& slot = slots[i];
       slot.param = params[i];
-      const int64_t numel = params[i].numel();
-      slot.grad = buffer.narrow(0, offset, numel).view(params[i].sizes());
-      slot.bucket = static_cast<int64_t>(buckets.size());
+      slot.grad = buffer.narrow(0, offsets[member], params[i].numel()).view(params[i].sizes());
+      slot.bucket = first_bucket + bucket_of_member[member];
       slot.separate = slot.grad.dtype() != params[i].dtype();
       if (params[i].grad().defined()) slot.grad.copy_(params[i].grad());  // keep what was accumulated before wrapping
       params[i].mutable_grad() = slot.separate ? torch::Tensor() : slot.grad;
-      {
-        std::lock_guard<std::mutex> lock(main_grad_mutex());
-        main_grads()[params[i].unsafeGetTensorImpl()] = slot.grad;
-      }
-      offset += numel;
-      // As Megatron: a param is never split; a bucket closes once it reaches bucket_size. Without overlap one bucket.
-      const bool last = member + 1 == g.members.size();
-      if (last || (config.overlap_grad_reduce && offset - bucket_start >= bucket_size)) close_bucket();
+      std::lock_guard<std::mutex> lock(main_grad_mutex());
+      main_grads()[params[i].unsafeGetTensorImpl()] = slot.grad;
     }
     buffers.push_back(std::move(buffer));
   }
@@ -276,7 +299,12 @@ void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backwar
   if (group->size() > 1) {
     torch::NoGradGuard no_grad;
     if (!config.average_in_collective) bucket.data.mul_(1.0 / group->size());
-    bucket.work = group->all_reduce_async(bucket.data, ReduceOp::kSum);
+    if (reduce_scatters()) {
+      bucket.shard = torch::empty({bucket.data.numel() / group->size()}, bucket.data.options());
+      bucket.work = group->reduce_scatter_async(bucket.shard, bucket.data, ReduceOp::kSum);
+    } else {
+      bucket.work = group->all_reduce_async(bucket.data, ReduceOp::kSum);
+    }
   }
   bucket.started = true;
   ++started;
@@ -285,7 +313,13 @@ void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backwar
 
 void DistributedDataParallel::Impl::wait_started() {
   for (Bucket& bucket : buckets) {
-    if (bucket.started) bucket.work.wait();
+    if (!bucket.started) continue;
+    bucket.work.wait();
+    if (bucket.shard.defined()) {
+      torch::NoGradGuard no_grad;
+      bucket.data.narrow(0, group->rank() * bucket.shard.numel(), bucket.shard.numel()).copy_(bucket.shard);
+      bucket.shard = torch::Tensor();
+    }
   }
 }
 
@@ -302,8 +336,9 @@ void DistributedDataParallel::Impl::reset_sync_state() {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  DistributedDataParallelConfig config,
-                                                 ProcessGroup* data_parallel_group)
-    : impl_(std::make_unique<Impl>(std::move(module), config, data_parallel_group)) {}
+                                                 ProcessGroup* data_parallel_group,
+                                                 const std::vector<torch::Tensor>& own_bucket)
+    : impl_(std::make_unique<Impl>(std::move(module), config, data_parallel_group, own_bucket)) {}
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;

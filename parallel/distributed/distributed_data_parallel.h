@@ -33,7 +33,9 @@ struct DistributedDataParallelConfig {
   /// is added into it and dropped, and the all-reduce runs in fp32. Without it the buffer has the parameters' dtype.
   bool grad_reduce_in_fp32 = false;
   /// Megatron's use_distributed_optimizer: the optimizer keeps state for this rank's 1/dp of each bucket
-  /// (training::DistributedOptimizer), which takes the reduced gradients from the buffer and all-gathers the updates.
+  /// (training::DistributedOptimizer), so each bucket is padded to a multiple of lcm(dp, 128) elements and
+  /// reduce-scattered: after finish_grad_sync only this rank's 1/dp of every bucket holds the reduced gradient (the
+  /// rest keeps this rank's own), half an all-reduce's traffic. The optimizer all-gathers the updates.
   bool use_distributed_optimizer = false;
 };
 
@@ -42,8 +44,12 @@ class DistributedDataParallel {
   /// Wraps one model chunk; grads of its parameters (those with requires_grad) become views into one contiguous buffer
   /// per dtype, laid out in reverse parameter order (backward order) and cut into buckets. `data_parallel_group`
   /// defaults to parallel_state's data-parallel group (with context parallel) and must outlive this object.
+  /// `own_bucket`: under use_distributed_optimizer, parameters whose grads get a bucket of their own (Megatron's
+  /// shared_embedding: the tied word embedding, whose grad is all-reduced between the first and last pipeline stage
+  /// after the reduce-scatter, so both stages' copies must be sharded alike).
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DistributedDataParallelConfig config = {},
-                          ProcessGroup* data_parallel_group = nullptr);
+                          ProcessGroup* data_parallel_group = nullptr,
+                          const std::vector<torch::Tensor>& own_bucket = {});
   ~DistributedDataParallel();
   DistributedDataParallel(DistributedDataParallel&&) noexcept;
   DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
@@ -63,7 +69,7 @@ class DistributedDataParallel {
   void set_grad_sync(bool enabled);
   bool grad_sync_enabled() const;
   /// Starts every bucket not started yet (overlap off, or params that got no grad), then waits for all; after it the
-  /// grads are reduced and scaled.
+  /// grads are reduced and scaled (under use_distributed_optimizer, this rank's 1/dp of each bucket only).
   void finish_grad_sync();
   /// Copies data-parallel rank 0's parameters to every rank (Megatron's broadcast_params).
   void broadcast_params();
@@ -76,7 +82,7 @@ class DistributedDataParallel {
   int64_t num_buckets() const;
   /// The bucket holding `param`'s grad, or -1 if `param` is not one of params().
   int64_t bucket_of(const torch::Tensor& param) const;
-  /// Elements in bucket `index`.
+  /// Elements in bucket `index` (with its padding under use_distributed_optimizer: a multiple of dp).
   int64_t bucket_numel(int64_t index) const;
   /// Megatron's param.main_grad: the view into the grad buffer holding `param`'s gradient. It is param.grad() itself
   /// when the buffer has the param's dtype; with grad_reduce_in_fp32 and a bf16/fp16 param it is the fp32 view, and

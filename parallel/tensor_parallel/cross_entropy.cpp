@@ -137,11 +137,11 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& vocab_parallel_l
     // of them, so eps' = eps * V / (V - 1).
     namespace F = torch::nn::functional;
     const int64_t v = vocab_parallel_logits.size(-1);
-    const auto dtype = vocab_parallel_logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+    const auto loss_dtype = dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
     auto options = F::CrossEntropyFuncOptions().reduction(torch::kNone);
     if (label_smoothing > 0.0) options.label_smoothing(label_smoothing * static_cast<double>(v) / (v - 1.0));
-    return F::cross_entropy(vocab_parallel_logits.reshape({-1, v}).to(dtype), target.reshape({-1}).to(torch::kInt64),
-                            options)
+    return F::cross_entropy(vocab_parallel_logits.reshape({-1, v}).to(loss_dtype),
+                            target.reshape({-1}).to(torch::kInt64), options)
         .view(target.sizes());
   }
   return VocabParallelCrossEntropy::apply(vocab_parallel_logits, target.to(torch::kInt64), label_smoothing, false);

@@ -36,6 +36,15 @@ TEST(DataParallel, FourRanksFp64WithoutOverlap) {
   expect_all_ok_and_log(run_ranks(kWorker, {"ddp", "double", "0", "0"}, 4, std::chrono::seconds(180)));
 }
 
+// The distributed optimizer's reduce-scatter: padded buckets, each rank's shard reduced, overlapped with backward.
+TEST(DataParallel, TwoRanksReduceScatterForTheDistributedOptimizer) {
+  expect_all_ok_and_log(run_ranks(kWorker, {"ddp", "float", "1", "0", "reduce_scatter"}, 2, std::chrono::seconds(120)));
+}
+TEST(DataParallel, FourRanksReduceScatterWithoutOverlap) {
+  expect_all_ok_and_log(
+      run_ranks(kWorker, {"ddp", "double", "0", "0", "reduce_scatter"}, 4, std::chrono::seconds(180)));
+}
+
 TEST(DataParallel, FinalizeSumsTiedEmbeddingGradsAcrossTwoStages) {
   expect_all_ok_and_log(run_ranks(kWorker, {"finalize"}, 2, std::chrono::seconds(120)));
 }

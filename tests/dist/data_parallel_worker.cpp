@@ -1,16 +1,21 @@
 // One rank of data_parallel_dist_test: DistributedDataParallel, finalize_model_grads and the grad norm over real
 // process groups, each checked against the same computation done in one process on the full batch / full tensors.
 //
-//   data_parallel_worker ddp <float|double> <overlap 0|1> <average_in_collective 0|1>
-//                                   world = dp: 2 micro-batches per rank, grads and one AdamW step vs one process
+//   data_parallel_worker ddp <float|double> <overlap 0|1> <average_in_collective 0|1> [reduce_scatter]
+//                                   world = dp: 2 micro-batches per rank, grads and one AdamW step vs one process;
+//                                   with reduce_scatter (use_distributed_optimizer) padded buckets whose 1/dp of this
+//                                   rank holds the full batch's grads and the rest this rank's own, no step
 //   data_parallel_worker finalize   world 2, pp = 2: tied embedding copies get the summed grad; norm counts it once
 //   data_parallel_worker grad_norm  world 2, tp = 2: a sharded weight and a replicated bias; norm and clip vs full
 //
 // Prints "rank R: ok ..." (with the largest differences seen) and exits 0, or prints each failure and exits 1.
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -70,7 +75,45 @@ torch::Tensor mean_loss(const torch::Tensor& output, const torch::Tensor& target
   return (output - target).square().mean();
 }
 
-int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective) {
+// Under use_distributed_optimizer: every bucket is padded to a multiple of lcm(dp, 128), and this rank's 1/dp of it
+// holds the full batch's gradient while the rest keeps this rank's own (a reduce-scatter, not an all-reduce).
+void expect_reduce_scattered(const DistributedDataParallel& ddp, const std::vector<torch::Tensor>& params,
+                             const std::vector<torch::Tensor>& reference, int dp, int rank, double tolerance) {
+  std::vector<int64_t> bucket_start(static_cast<std::size_t>(ddp.num_buckets()), INT64_MAX);
+  for (const torch::Tensor& param : params) {
+    int64_t& start = bucket_start[static_cast<std::size_t>(ddp.bucket_of(param))];
+    start = std::min(start, ddp.main_grad(param).storage_offset());
+  }
+  int64_t reduced = 0, local = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const int64_t bucket = ddp.bucket_of(params[i]);
+    const int64_t numel = ddp.bucket_numel(bucket);
+    expect(numel % std::lcm(dp, 128) == 0, "bucket " + std::to_string(bucket) + " of " + std::to_string(numel) +
+                                               " elements is not padded to a multiple of lcm(dp, 128)");
+    const int64_t shard = numel / dp;
+    const int64_t own_begin = bucket_start[static_cast<std::size_t>(bucket)] + rank * shard;
+    const torch::Tensor grad = ddp.main_grad(params[i]).reshape({-1});
+    const torch::Tensor expected = reference[i].reshape({-1});
+    const int64_t first = ddp.main_grad(params[i]).storage_offset();
+    for (int64_t e = 0; e < grad.numel(); ++e) {
+      const bool own = first + e >= own_begin && first + e < own_begin + shard;
+      const double diff = std::abs(grad[e].item<double>() - expected[e].item<double>());
+      const double scale = std::max(expected.abs().max().item<double>(), 1e-30);
+      if (own) {
+        ++reduced;
+        g_max_grad_diff = std::max(g_max_grad_diff, diff / scale);
+        expect(diff <= tolerance * scale, "param " + std::to_string(i) + " element " + std::to_string(e) +
+                                              " of this rank's shard is not the full batch's gradient");
+      } else if (diff > tolerance * scale) {
+        ++local;  // this rank's own gradient, not reduced
+      }
+    }
+  }
+  expect(reduced > 0, "this rank owns no element");
+  expect(local > 0, "every element outside this rank's shard equals the reduced gradient: an all-reduce ran");
+}
+
+int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective, bool reduce_scatter) {
   init_distributed({Backend::kGloo, std::chrono::seconds(60)});
   initialize_model_parallel(1);
   ProcessGroup& dp_group = get_data_parallel_group(true);
@@ -88,6 +131,7 @@ int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective) {
     config.overlap_grad_reduce = overlap;
     config.average_in_collective = average_in_collective;
     config.bucket_size = 50;  // reverse order: b3+w3 | b2+w2 | b1+w1 = 3 buckets with overlap
+    config.use_distributed_optimizer = reduce_scatter;
     DistributedDataParallel ddp(model, config);
     expect(ddp.num_buckets() == (overlap ? 3 : 1), "num_buckets " + std::to_string(ddp.num_buckets()));
 
@@ -116,11 +160,17 @@ int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective) {
       expect(started_in_backward == (overlap ? ddp.num_buckets() : 0),
              "buckets started during backward: " + std::to_string(started_in_backward));
       expect(dp_group.operation_count() - operations_before == static_cast<std::uint64_t>(ddp.num_buckets()),
-             "one all-reduce per bucket");
+             "one all-reduce (or reduce-scatter) per bucket");
 
       // The single-process reference: the full batch's mean loss.
       for (auto& p : ref_params) p.mutable_grad() = torch::Tensor();
       mean_loss(MlpImpl::apply(ref_params, x), y).backward();
+      if (reduce_scatter) {
+        std::vector<torch::Tensor> reference;
+        for (const auto& p : ref_params) reference.push_back(p.grad());
+        expect_reduce_scattered(ddp, model->params, reference, dp, rank, tolerance);
+        continue;  // the distributed optimizer steps the shards (training::DistributedOptimizer)
+      }
       for (std::size_t i = 0; i < ref_params.size(); ++i) {
         const double diff = relative_diff(model->params[i].grad(), ref_params[i].grad());
         g_max_grad_diff = std::max(g_max_grad_diff, diff);
@@ -143,10 +193,10 @@ int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective) {
     }
   }
   std::printf(
-      "rank %d: dp %d %s overlap %d average_in_collective %d: max grad rel diff %.3g, max param rel diff "
-      "%.3g: %s\n",
-      get_rank(), dp, dtype == torch::kFloat64 ? "fp64" : "fp32", overlap, average_in_collective, g_max_grad_diff,
-      g_max_param_diff, g_failures == 0 ? "ok" : "FAILED");
+      "rank %d: dp %d %s overlap %d average_in_collective %d reduce_scatter %d: max grad rel diff %.3g, max param "
+      "rel diff %.3g: %s\n",
+      get_rank(), dp, dtype == torch::kFloat64 ? "fp64" : "fp32", overlap, average_in_collective, reduce_scatter,
+      g_max_grad_diff, g_max_param_diff, g_failures == 0 ? "ok" : "FAILED");
   destroy_distributed();
   return g_failures == 0 ? 0 : 1;
 }
@@ -235,13 +285,15 @@ int main(int argc, char** argv) {
     const std::string scenario = argc > 1 ? argv[1] : "";
     if (scenario == "ddp" && argc > 4) {
       const torch::Dtype dtype = std::string(argv[2]) == "double" ? torch::kFloat64 : torch::kFloat32;
-      return run_ddp(dtype, std::atoi(argv[3]) != 0, std::atoi(argv[4]) != 0);
+      const bool reduce_scatter = argc > 5 && std::string(argv[5]) == "reduce_scatter";
+      return run_ddp(dtype, std::atoi(argv[3]) != 0, std::atoi(argv[4]) != 0, reduce_scatter);
     }
     if (scenario == "finalize") return run_finalize();
     if (scenario == "grad_norm") return run_grad_norm();
-    std::fprintf(stderr,
-                 "usage: data_parallel_worker ddp <float|double> <overlap 0|1> <average 0|1> | finalize | "
-                 "grad_norm\n");
+    std::fprintf(
+        stderr,
+        "usage: data_parallel_worker ddp <float|double> <overlap 0|1> <average 0|1> [reduce_scatter] | finalize | "
+        "grad_norm\n");
     return 2;
   } catch (const std::exception& error) {
     std::printf("rank %s: FAILED with exception: %s\n", std::getenv("RANK") ? std::getenv("RANK") : "?", error.what());

@@ -161,6 +161,11 @@ TEST(GptParity, LlamaBlockTp2Pp2SequenceParallelWithFullRecompute) {
 // The distributed optimizer: each data-parallel rank steps its shard of every bucket and all-gathers the update; the
 // grad norm and clipping run over the shards of every rank. Then Megatron-Core's three memory switches together.
 TEST(GptParity, DataParallel2DistributedOptimizer) { expect_parity("dp2_distopt", 2, 1, 1, 0, "gpt+distopt"); }
+// The tied embedding's gradient is reduce-scattered on the first and the last stage, then summed between them: each
+// sits alone in its bucket, so both stages shard it alike.
+TEST(GptParity, Pp2Dp2DistributedOptimizerWithTheTiedEmbedding) {
+  expect_parity("pp2dp2_distopt", 4, 1, 2, 0, "gpt+distopt");
+}
 TEST(GptParity, LlamaBlockTp2Pp2Dp2WithSequenceParallelFullRecomputeAndDistributedOptimizer) {
   expect_parity("llama_tp2pp2dp2_all", 8, 2, 2, 0, "llama+sp+full_recompute+distopt");
 }

@@ -50,9 +50,11 @@ Metrics read_jsonl(const fs::path& path) {
   return metrics;
 }
 
-std::vector<RankResult> run_stats(const fs::path& directory, int world, int tp, int pp, int vpp) {
-  return run_ranks(kWorker, {"stats", directory.string(), std::to_string(tp), std::to_string(pp), std::to_string(vpp)},
-                   world, std::chrono::seconds(180));
+std::vector<RankResult> run_stats(const fs::path& directory, int world, int tp, int pp, int vpp,
+                                  const std::string& optimizer = "plain") {
+  return run_ranks(
+      kWorker, {"stats", directory.string(), std::to_string(tp), std::to_string(pp), std::to_string(vpp), optimizer},
+      world, std::chrono::seconds(180));
 }
 
 double relative(double a, double b) { return std::fabs(a - b) / std::max({std::fabs(a), std::fabs(b), 1e-30}); }
@@ -70,11 +72,12 @@ const Metrics& reference_metrics() {
   return metrics;
 }
 
-void expect_layout_matches_reference(const std::string& name, int world, int tp, int pp, int vpp) {
+void expect_layout_matches_reference(const std::string& name, int world, int tp, int pp, int vpp,
+                                     const std::string& optimizer = "plain") {
   const Metrics& reference = reference_metrics();
   ASSERT_EQ(reference.size(), 3U) << "3 steps, one JSONL line each";
   const fs::path directory = fresh_directory(name);
-  const auto results = run_stats(directory, world, tp, pp, vpp);
+  const auto results = run_stats(directory, world, tp, pp, vpp, optimizer);
   expect_all_ok(results, "stats: ok");
   const Metrics layout = read_jsonl(directory / "metrics.jsonl");
   ASSERT_EQ(layout.size(), 3U) << describe(results);
@@ -137,12 +140,12 @@ void expect_layout_matches_reference(const std::string& name, int world, int tp,
   // One timestamp per line: Megatron's own on the training log line, none from the logger's prefix.
   std::istringstream lines(last);
   int training_lines = 0;
-  for (std::string line; std::getline(lines, line);) {
-    if (line.find("] iteration ") == std::string::npos) continue;
+  for (std::string printed; std::getline(lines, printed);) {
+    if (printed.find("] iteration ") == std::string::npos) continue;
     ++training_lines;
     EXPECT_TRUE(std::regex_search(
-        line, std::regex(R"(^\[rank \d+/\d+\] \[info\]  \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration )")))
-        << line;
+        printed, std::regex(R"(^\[rank \d+/\d+\] \[info\]  \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration )")))
+        << printed;
   }
   EXPECT_GT(training_lines, 0) << last;
   EXPECT_THAT(last, HasSubstr(" | throughput per GPU (TFLOP/s/GPU): "));
@@ -164,6 +167,10 @@ TEST(StatsAcrossLayouts, TensorParallel2) { expect_layout_matches_reference("tp2
 TEST(StatsAcrossLayouts, PipelineParallel2) { expect_layout_matches_reference("pp2", 2, 1, 2, 0); }
 TEST(StatsAcrossLayouts, InterleavedPipeline2x2Chunks) { expect_layout_matches_reference("pp2vpp2", 2, 1, 2, 2); }
 TEST(StatsAcrossLayouts, DataParallel2) { expect_layout_matches_reference("dp2", 2, 1, 1, 0); }
+// The distributed optimizer reduce-scatters the gradients: each per-parameter norm is summed from the ranks' pieces.
+TEST(StatsAcrossLayouts, Pp2Dp2DistributedOptimizer) {
+  expect_layout_matches_reference("pp2dp2_distopt", 4, 1, 2, 0, "distopt");
+}
 
 TEST(StatsTensorBoard, TheRealReaderReadsWhatTheJsonlHas) {
   const fs::path directory = fresh_directory("tensorboard");

@@ -47,8 +47,9 @@ void enable_every_statistic(ConfigContainer& config) {
   config.logging.log_validation_ppl_to_tensorboard = true;
 }
 
-int run_stats(const std::string& out_dir, int tp, int pp, int vpp) {
+int run_stats(const std::string& out_dir, int tp, int pp, int vpp, bool distributed_optimizer) {
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, 3);
+  config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = distributed_optimizer;
   enable_every_statistic(config);
   config.train.eval_interval = 2;  // validation at step 2, then validation and test after step 3
   config.train.eval_iters = 1;
@@ -204,13 +205,13 @@ int run_control(const std::string& mode, const std::string& out_dir) {
 
 int main(int argc, char** argv) {
   return bridge::testing::worker_main(argc, argv,
-                                      "usage: stats_worker stats <out_dir> <tp> <pp> <vpp|0>\n"
+                                      "usage: stats_worker stats <out_dir> <tp> <pp> <vpp|0> <plain|distopt>\n"
                                       "       stats_worker count <log_interval> <with_on_log 0|1>\n"
                                       "       stats_worker control <on_log_stop|step_end_stop|on_log_save> <out_dir>\n",
                                       [&](const std::string& scenario) {
-                                        if (scenario == "stats" && argc == 6) {
+                                        if (scenario == "stats" && argc == 7) {
                                           return run_stats(argv[2], std::stoi(argv[3]), std::stoi(argv[4]),
-                                                           std::stoi(argv[5]));
+                                                           std::stoi(argv[5]), std::string(argv[6]) == "distopt");
                                         }
                                         if (scenario == "control" && argc == 4) return run_control(argv[2], argv[3]);
                                         if (scenario == "count" && argc == 4)

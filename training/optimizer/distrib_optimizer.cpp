@@ -20,7 +20,8 @@ namespace {
 namespace tp = parallel::tensor_parallel;
 using parallel::distributed::DistributedDataParallel;
 
-// Every live DistributedOptimizer's pieces by model parameter, as DistributedDataParallel's main_grad registry.
+// Every live DistributedOptimizer's pieces by model parameter, as DistributedDataParallel's main_grad registry; a
+// sharded parameter whose elements all sit on other ranks has an entry without pieces.
 std::mutex& registry_mutex() {
   static std::mutex mutex;
   return mutex;
@@ -98,18 +99,23 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
     }
   }
   std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const BucketShard& bucket : buckets_) {
+    for (const torch::Tensor& param : bucket.params) registry()[param.unsafeGetTensorImpl()];
+  }
   for (const Piece& piece : pieces_) registry()[piece.model_param.unsafeGetTensorImpl()].push_back(&piece);
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  for (const Piece& piece : pieces_) {
-    auto found = registry().find(piece.model_param.unsafeGetTensorImpl());
-    if (found == registry().end()) continue;
-    auto& list = found->second;
-    list.erase(std::remove(list.begin(), list.end(), &piece), list.end());
-    if (list.empty()) registry().erase(found);
+  for (const BucketShard& bucket : buckets_) {
+    for (const torch::Tensor& param : bucket.params) registry().erase(param.unsafeGetTensorImpl());
   }
+}
+
+bool sharded_by_distributed_optimizer(const torch::Tensor& model_param) {
+  if (!model_param.defined()) return false;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry().count(model_param.unsafeGetTensorImpl()) != 0;
 }
 
 std::vector<DistributedOptimizer::Piece> distributed_optimizer_pieces(const torch::Tensor& model_param) {

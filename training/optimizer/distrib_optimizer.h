@@ -4,10 +4,11 @@
 // fp32 (16 without) and 6 + 12 / dp with bf16 parameters and fp32 gradients (18 without).
 //
 // A shard is a range of a bucket of DistributedDataParallel's grad buffer: rank r of d owns elements
-// [r c, (r + 1) c) of each bucket, c = ceil(numel / d), cut into pieces at parameter boundaries. Each piece's main
-// parameter is a view of the model parameter's elements (fp32) or an fp32 copy of them (bf16), whose gradient is the
-// view of the same elements of the grad buffer; the optimizer (build_optimizer's over the pieces, weight decay decided
-// by the model parameter) sees only the pieces.
+// [r c, (r + 1) c) of each bucket, c = numel / d (DDP pads its buckets and reduce-scatters them under
+// use_distributed_optimizer, so only these elements hold reduced gradients), cut into pieces at parameter boundaries.
+// Each piece's main parameter is a view of the model parameter's elements (fp32) or an fp32 copy of them (bf16), whose
+// gradient is the view of the same elements of the grad buffer; the optimizer (build_optimizer's over the pieces,
+// weight decay decided by the model parameter) sees only the pieces.
 //
 //   DistributedOptimizer shards({&ddp}, data_parallel_group);
 //   auto optimizer = build_optimizer(config.optimizer, shards.decayed_params(), shards.not_decayed_params());
@@ -114,6 +115,10 @@ class DistributedOptimizer {
   std::vector<BucketShard> buckets_;
   std::vector<torch::Tensor> main_params_, decayed_, not_decayed_;
 };
+
+/// Whether a live DistributedOptimizer shards `model_param`, with pieces on this rank or not: its reduced gradient is
+/// then only in the pieces' elements of the grad buffer, spread over the data-parallel ranks.
+bool sharded_by_distributed_optimizer(const torch::Tensor& model_param);
 
 /// This rank's pieces of `model_param` in the live DistributedOptimizer that shards it (none when none does): what a
 /// test or a statistic reads to see the clipped gradients and the updates a rank is responsible for.

@@ -16,6 +16,7 @@
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "training/optimizer/distrib_optimizer.h"
 #include "training/utils/cuda_memory.h"
 #include "utils/logging.h"
 
@@ -187,6 +188,18 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
     // The last stage's tied copy of the embedding is the embedding: its gradient is counted under the embedding's name.
     // Frozen parameters keep their term (zero), so the list of names does not change when one is unfrozen.
     if (!tp::param_is_not_shared(param)) continue;
+    if (sharded_by_distributed_optimizer(param)) {
+      // Reduce-scattered: the reduced gradient is in the pieces each data-parallel rank owns.
+      double square = 0.0;
+      if (counts_toward_model_norm(param)) {
+        for (const DistributedOptimizer::Piece& piece : distributed_optimizer_pieces(param)) {
+          const double norm = piece.grad_view.norm().item<double>();
+          square += norm * norm;
+        }
+      }
+      terms.emplace_back(name, square);
+      continue;
+    }
     const torch::Tensor grad = parallel::distributed::main_grad(param);  // fp32 under mixed precision
     const bool counted = grad.defined() && counts_toward_model_norm(param);
     // The norm in the gradient's own precision, squared in double: a double copy of every gradient cost 4x as much.
@@ -194,6 +207,13 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
     terms.emplace_back(name, norm * norm);
   }
   return terms;
+}
+
+parallel::ProcessGroup& grad_norm_terms_group(const ModelChunks& model) {
+  for (const auto& [name, param] : named_model_parameters(model)) {
+    if (sharded_by_distributed_optimizer(param)) return parallel::get_world_group();
+  }
+  return parallel::get_model_parallel_group();
 }
 
 std::vector<std::string> gather_parameter_names(const std::vector<std::pair<std::string, double>>& terms) {
@@ -227,7 +247,7 @@ StatReport report_l2_norm_grad(const ModelChunks& model) {
   const std::vector<std::pair<std::string, double>> terms = local_grad_norm_squares(model);
   const std::vector<std::string> names = gather_parameter_names(terms);
   torch::Tensor packed = torch::tensor(align_to_names(names, terms), torch::kDouble);
-  parallel::get_model_parallel_group().all_reduce(packed);
+  grad_norm_terms_group(model).all_reduce(packed);
 
   StatReport report;
   double total = 0.0;

@@ -85,8 +85,13 @@ StatReport report_memory(const std::optional<MemoryKeys>& memory_keys = std::nul
 
 /// One term per named parameter: this rank's share of its squared gradient norm (a partial sum for tensor-parallel
 /// shards, zero for tensor-parallel duplicates and parameters without a gradient), under its layout-independent name.
-/// The last stage's copy of a tied embedding has no term of its own: it is the embedding.
+/// The last stage's copy of a tied embedding has no term of its own: it is the embedding. Under the distributed
+/// optimizer a rank's share is that of the pieces it owns; sum the terms over grad_norm_terms_group().
 std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelChunks& model);
+
+/// Where local_grad_norm_squares' terms add up to whole norms: the model-parallel group, or the world when the
+/// distributed optimizer shards the gradients over the data-parallel ranks too.
+parallel::ProcessGroup& grad_norm_terms_group(const ModelChunks& model);
 
 /// Collective over the world (two collectives): the names of `terms` on every rank, merged and sorted, the same list
 /// everywhere: the layout of the whole model's per-parameter values.
@@ -97,7 +102,7 @@ std::vector<std::string> gather_parameter_names(const std::vector<std::pair<std:
 std::vector<double> align_to_names(const std::vector<std::string>& names,
                                    const std::vector<std::pair<std::string, double>>& terms);
 
-/// Collective over the model-parallel group (names gathered over the world once per call, values summed over mp):
+/// Collective over grad_norm_terms_group (names gathered over the world once per call, values summed over mp):
 /// "l2_norm/grad/<name>" for every parameter of the whole model, in name order, then "l2_norm/grad/global", the norm
 /// of all of them. Differs from the reference, whose "global" re-accumulates inside the chunk loop over every value
 /// so far, previous "global"s included (74.92 instead of 16.88 for grads 0..9), and which reports only this rank's
