@@ -192,7 +192,6 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
     int64_t offset = 0;
     int64_t bucket_start = 0;
     auto close_bucket = [&] {
-      if (offset == bucket_start) return;
       offset = (offset + pad_to - 1) / pad_to * pad_to;
       ranges.emplace_back(bucket_start, offset);
       bucket_start = offset;
@@ -200,7 +199,7 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
     for (std::size_t member = 0; member < g.members.size(); ++member) {
       const torch::Tensor& param = params[g.members[member]];
       const bool own = alone.count(param.unsafeGetTensorImpl()) != 0;
-      if (own) close_bucket();
+      if (own && offset > bucket_start) close_bucket();
       offsets[member] = offset;
       bucket_of_member[member] = static_cast<int64_t>(ranges.size());
       offset += param.numel();
