@@ -142,7 +142,8 @@ class ProcessGroup {
   /// Starts an in-place all-reduce of contiguous `tensor` and returns at once; wait() on the result.
   Work all_reduce_async(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
   /// Starts a reduce-scatter of contiguous `input` (dim 0 = size() equal chunks) into `output` (one chunk's shape) and
-  /// returns at once; neither may be touched until wait() returns. The distributed optimizer's gradient buckets.
+  /// returns at once; neither may be touched until wait() returns. `output` may be this rank's chunk of `input` (in
+  /// place, as the distributed optimizer's gradient buckets use it).
   Work reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
   /// Start a send to / receive from group rank `peer` and return at once. Sends and receives between two ranks match
   /// in the order they are started (per tag), so a pipeline may start both directions before waiting on either.

@@ -40,7 +40,6 @@ struct Bucket {
   int64_t pending = 0;        // hooked params not yet reported in the current grad sync
   bool started = false;
   Work work;
-  torch::Tensor shard;  // a reduce-scatter's output in flight, copied into this rank's chunk of `data` on wait
 };
 
 // Megatron's param.main_grad: C++ tensors have no attribute slots, so a registry keyed by the TensorImpl (as
@@ -299,8 +298,11 @@ void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backwar
     torch::NoGradGuard no_grad;
     if (!config.average_in_collective) bucket.data.mul_(1.0 / group->size());
     if (reduce_scatters()) {
-      bucket.shard = torch::empty({bucket.data.numel() / group->size()}, bucket.data.options());
-      bucket.work = group->reduce_scatter_async(bucket.shard, bucket.data, ReduceOp::kSum);
+      // In place, as Megatron's: the output is this rank's chunk of the bucket (c10d reduces from a copy of the
+      // chunks), so no staging tensor is held for the buckets in flight.
+      const int64_t chunk = bucket.data.numel() / group->size();
+      torch::Tensor own = bucket.data.narrow(0, group->rank() * chunk, chunk);
+      bucket.work = group->reduce_scatter_async(own, bucket.data, ReduceOp::kSum);
     } else {
       bucket.work = group->all_reduce_async(bucket.data, ReduceOp::kSum);
     }
@@ -312,13 +314,7 @@ void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backwar
 
 void DistributedDataParallel::Impl::wait_started() {
   for (Bucket& bucket : buckets) {
-    if (!bucket.started) continue;
-    bucket.work.wait();
-    if (bucket.shard.defined()) {
-      torch::NoGradGuard no_grad;
-      bucket.data.narrow(0, group->rank() * bucket.shard.numel(), bucket.shard.numel()).copy_(bucket.shard);
-      bucket.shard = torch::Tensor();
-    }
+    if (bucket.started) bucket.work.wait();
   }
 }
 
