@@ -206,18 +206,7 @@ class C10dGroup final : public GroupBackend {
   }
 
   void reduce_scatter(torch::Tensor& output, std::vector<torch::Tensor>& inputs, ReduceOp op) override {
-    if (native_reduce_scatter(output)) {
-      std::vector<at::Tensor> outputs{output};
-      std::vector<std::vector<at::Tensor>> input_lists{inputs};
-      c10d::ReduceScatterOptions options;
-      options.reduceOp = to_c10d(op);
-      options.timeout = timeout_;
-      run_to_completion([&] { return group_->reduce_scatter(outputs, input_lists, options); }, timeout_);
-      return;
-    }
-    torch::Tensor all = torch::cat(inputs);
-    all_reduce(all, op);
-    output.copy_(all.chunk(static_cast<int64_t>(inputs.size()))[static_cast<std::size_t>(group_->getRank())]);
+    reduce_scatter_async(output, inputs, op)->wait();
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
