@@ -70,7 +70,7 @@ std::shared_ptr<const tokenizers::Tokenizer> setup_tokenizer(ConfigContainer& co
   tokenizers::validate_tokenizer_config(config.tokenizer, "tokenizer.");
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
   try {
-    tokenizer = tokenizers::build_tokenizer(config.tokenizer);
+    tokenizer = tokenizers::shared_tokenizer(config.tokenizer);  // loaded once for bridge-pretrain and pretrain()
   } catch (const std::exception& error) {
     throw std::invalid_argument("tokenizer (" + config.tokenizer.tokenizer_type +
                                 "): " + bridge::utils::describe(error));

@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/unit/datasets_test_support.h"
 #include "training/config/config_yaml.h"
+#include "training/tokenizers/build_tokenizer.h"
 
 namespace bridge::training {
 namespace {
@@ -40,6 +43,15 @@ std::string tiny_hf_tokenizer(const fs::path& dir, bool eos) {
                 "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}})");
   if (eos) write_bytes((dir / "tokenizer_config.json").string(), R"({"eos_token": "</s>"})");
   return dir.string();
+}
+
+std::string error_of_validate(const ConfigContainer& config) {
+  try {
+    config.validate(1);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 std::string error_of(ConfigContainer& config) {
@@ -70,6 +82,27 @@ TEST(SetupTokenizer, AModelFromScratchTakesTheTokenizersVocabularyAndEod) {
   setup_tokenizer(config);
   EXPECT_EQ(config.model.vocab_size, 257);
   EXPECT_EQ(config.dataset.eod_token_id, 256);
+}
+
+// bridge-pretrain's config resolution, pretrain() and the TextGenerator share one load of the run's tokenizer; a
+// changed file is loaded anew.
+TEST(SetupTokenizer, TheRunsTokenizerIsLoadedOnceUntilItsFilesChange) {
+  ScratchDir scratch;
+  ConfigContainer config;
+  config.tokenizer.tokenizer_type = "HuggingFaceTokenizer";
+  config.tokenizer.tokenizer_model = tiny_hf_tokenizer(scratch.path() / "tok", /*eos=*/false);
+  const auto first = setup_tokenizer(config);
+  ConfigContainer again = config;
+  EXPECT_EQ(setup_tokenizer(again).get(), first.get());
+  EXPECT_EQ(tokenizers::shared_tokenizer(config.tokenizer).get(), first.get());
+  EXPECT_THROW(first->eod(), std::logic_error);                                 // no eos_token yet
+  EXPECT_NE(tokenizers::build_tokenizer(config.tokenizer).get(), first.get());  // build_tokenizer always loads
+
+  tiny_hf_tokenizer(scratch.path() / "tok", /*eos=*/true);  // adds tokenizer_config.json and the added token
+  const auto changed = tokenizers::shared_tokenizer(config.tokenizer);
+  EXPECT_NE(changed.get(), first.get());
+  EXPECT_EQ(changed->eod(), 3);
+  EXPECT_EQ(tokenizers::shared_tokenizer(config.tokenizer).get(), changed.get());
 }
 
 TEST(SetupTokenizer, UseTokenizerVocabSizeAsMegatronBridge) {
@@ -143,6 +176,17 @@ TEST(SetupTokenizer, TokenizerFieldsWithoutATypeAreAnError) {
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), AllOf(HasSubstr("tokenizer.vocab_size is set but tokenizer.tokenizer_type is not"),
                                 HasSubstr("NullTokenizer")));
+  }
+  // Every other field, named as the user wrote it.
+  const std::vector<std::pair<std::string, void (*)(ConfigContainer&)>> others = {
+      {"tokenizer_model", [](ConfigContainer& c) { c.tokenizer.tokenizer_model = "tok"; }},
+      {"vocab_file", [](ConfigContainer& c) { c.tokenizer.vocab_file = "vocab.json"; }},
+      {"merge_file", [](ConfigContainer& c) { c.tokenizer.merge_file = "merges.txt"; }},
+      {"null_tokenizer_eod_id", [](ConfigContainer& c) { c.tokenizer.null_tokenizer_eod_id = 0; }}};
+  for (const auto& [name, set] : others) {
+    ConfigContainer other;
+    set(other);
+    EXPECT_THAT(error_of_validate(other), HasSubstr("tokenizer." + name + " is set but tokenizer.tokenizer_type"));
   }
 }
 

@@ -100,7 +100,7 @@ TextGenerator::TextGenerator(TextGeneratorOptions options) : options_(std::move(
 }
 
 void TextGenerator::use_tokenizer(const tokenizers::TokenizerConfig& tokenizer_config) {
-  tokenizer_ = tokenizers::build_tokenizer(tokenizer_config);
+  tokenizer_ = tokenizers::shared_tokenizer(tokenizer_config);  // the run's own, when it is the same
   if (options_.stop_at_eod) {
     try {
       eod_ = tokenizer_->eod();

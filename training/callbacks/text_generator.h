@@ -77,7 +77,7 @@ class TextGenerator : public Callback {
   void ensure_tokenizer(const CallbackContext& ctx);
 
   TextGeneratorOptions options_;
-  std::unique_ptr<tokenizers::Tokenizer> tokenizer_;
+  std::shared_ptr<const tokenizers::Tokenizer> tokenizer_;
   int64_t eod_ = -1;  // the tokenizer's end of document, when stop_at_eod
   std::vector<std::vector<int64_t>> prompt_tokens_;
   int64_t next_step_ = 0;

@@ -206,17 +206,11 @@ void ConfigContainer::validate(int world_size) const {
   } else {
     // Without a type the tokenizer's fields would be ignored; Megatron-Bridge's tokenizer.vocab_size, once a rename
     // of model.vocab_size here, is the NullTokenizer's.
-    const std::pair<const char*, bool> fields[] = {
-        {"tokenizer_model", !tokenizer.tokenizer_model.empty()},
-        {"vocab_file", !tokenizer.vocab_file.empty()},
-        {"merge_file", !tokenizer.merge_file.empty()},
-        {"vocab_size", tokenizer.vocab_size.has_value()},
-        {"null_tokenizer_eod_id", tokenizer.null_tokenizer_eod_id.has_value()}};
-    for (const auto& [name, set] : fields) {
-      require(!set, std::string("tokenizer.") + name +
-                        " is set but tokenizer.tokenizer_type is not; name the tokenizer (e.g. tokenizer_type: "
-                        "NullTokenizer with vocab_size, HuggingFaceTokenizer with tokenizer_model), or set "
-                        "model.vocab_size for data without one");
+    for (const std::string& name : tokenizers::given_tokenizer_fields(tokenizer)) {
+      require(false, "tokenizer." + name +
+                         " is set but tokenizer.tokenizer_type is not; name the tokenizer (e.g. tokenizer_type: "
+                         "NullTokenizer with vocab_size, HuggingFaceTokenizer with tokenizer_model), or set "
+                         "model.vocab_size for data without one");
     }
   }
   for (std::size_t i = 0; i < callbacks.size(); ++i) {

@@ -1,9 +1,15 @@
 // The table of tokenizer types and the builder over it.
 #include "training/tokenizers/build_tokenizer.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <deque>
+#include <filesystem>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "training/tokenizers/byte_level_tokenizer.h"
 #include "training/tokenizers/gpt2_bpe_tokenizer.h"
@@ -77,15 +83,34 @@ const Row& find_row(const std::string& name, const std::string& prefix) {
   throw std::invalid_argument(message);
 }
 
+// The fields a type may need, by name, and whether a config gives each.
+const std::vector<std::pair<std::string, bool (*)(const TokenizerConfig&)>>& fields() {
+  static const std::vector<std::pair<std::string, bool (*)(const TokenizerConfig&)>> table = {
+      {"tokenizer_model", [](const TokenizerConfig& c) { return !c.tokenizer_model.empty(); }},
+      {"vocab_file", [](const TokenizerConfig& c) { return !c.vocab_file.empty(); }},
+      {"merge_file", [](const TokenizerConfig& c) { return !c.merge_file.empty(); }},
+      {"vocab_size", [](const TokenizerConfig& c) { return c.vocab_size.has_value(); }},
+      {"null_tokenizer_eod_id", [](const TokenizerConfig& c) { return c.null_tokenizer_eod_id.has_value(); }},
+  };
+  return table;
+}
+
 bool given(const TokenizerConfig& config, const std::string& field) {
-  if (field == "tokenizer_model") return !config.tokenizer_model.empty();
-  if (field == "vocab_file") return !config.vocab_file.empty();
-  if (field == "merge_file") return !config.merge_file.empty();
-  if (field == "vocab_size") return config.vocab_size.has_value();
+  for (const auto& [name, is_given] : fields()) {
+    if (name == field) return is_given(config);
+  }
   return false;
 }
 
 }  // namespace
+
+std::vector<std::string> given_tokenizer_fields(const TokenizerConfig& config) {
+  std::vector<std::string> names;
+  for (const auto& [name, is_given] : fields()) {
+    if (is_given(config)) names.push_back(name);
+  }
+  return names;
+}
 
 const std::vector<TokenizerType>& tokenizer_types() {
   static const std::vector<TokenizerType> types = [] {
@@ -109,6 +134,58 @@ void validate_tokenizer_config(const TokenizerConfig& config, const std::string&
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerConfig& config) {
   validate_tokenizer_config(config);
   return find_row(config.tokenizer_type, "").make(config);
+}
+
+namespace {
+
+// What identifies a file's contents without reading it: size, modification time (ns) and inode; for a directory the
+// same of each regular file in it. With `siblings`, a file counts with its directory's files (a tokenizer.json named
+// alone is read with tokenizer_config.json and special_tokens_map.json beside it).
+std::string fingerprint(const std::string& path, bool siblings = false) {
+  if (path.empty()) return "-";
+  const auto stat_of = [](const std::string& file) {
+    struct stat info {};
+    if (::stat(file.c_str(), &info) != 0) return std::string("missing");
+    return std::to_string(info.st_size) + "/" + std::to_string(info.st_mtim.tv_sec) + "." +
+           std::to_string(info.st_mtim.tv_nsec) + "/" + std::to_string(info.st_ino);
+  };
+  std::error_code error;
+  std::filesystem::path directory = path;
+  if (!std::filesystem::is_directory(path, error)) {
+    if (!siblings) return stat_of(path);
+    directory = std::filesystem::path(path).parent_path();
+    if (directory.empty()) directory = ".";
+  }
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    if (entry.is_regular_file(error)) files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::string print;
+  for (const std::string& file : files) print += file + "=" + stat_of(file) + ";";
+  return print;
+}
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> shared_tokenizer(const TokenizerConfig& config) {
+  constexpr std::size_t kKept = 4;
+  static std::mutex mutex;
+  static auto* cache = new std::deque<std::pair<std::string, std::shared_ptr<const Tokenizer>>>;
+  const auto optional = [](const std::optional<int64_t>& value) { return value ? std::to_string(*value) : "-"; };
+  const std::string key = config.tokenizer_type + "\n" + config.tokenizer_model + "\n" +
+                          fingerprint(config.tokenizer_model, /*siblings=*/true) + "\n" + config.vocab_file + "\n" +
+                          fingerprint(config.vocab_file) + "\n" + config.merge_file + "\n" +
+                          fingerprint(config.merge_file) + "\n" + optional(config.vocab_size) + "\n" +
+                          optional(config.null_tokenizer_eod_id);
+  std::lock_guard<std::mutex> lock(mutex);  // one load at a time: a second asker waits for the first's result
+  for (const auto& [cached_key, tokenizer] : *cache) {
+    if (cached_key == key) return tokenizer;
+  }
+  std::shared_ptr<const Tokenizer> tokenizer = build_tokenizer(config);
+  cache->emplace_back(key, tokenizer);
+  if (cache->size() > kKept) cache->pop_front();
+  return tokenizer;
 }
 
 }  // namespace bridge::training::tokenizers

@@ -55,7 +55,17 @@ const std::vector<TokenizerType>& tokenizer_types();
 /// config keys) and the fix; suggests the closest type name for a typo.
 void validate_tokenizer_config(const TokenizerConfig& config, const std::string& prefix = "");
 
+/// The names of the fields besides tokenizer_type that `config` sets (tokenizer_model, vocab_file, merge_file,
+/// vocab_size, null_tokenizer_eod_id): a config without a type must set none.
+std::vector<std::string> given_tokenizer_fields(const TokenizerConfig& config);
+
 /// The tokenizer `config` describes (validated first). Throws std::invalid_argument for a bad config or files.
 std::unique_ptr<Tokenizer> build_tokenizer(const TokenizerConfig& config);
+
+/// build_tokenizer's tokenizer, loaded once per process for the same config and the same files: bridge-pretrain's
+/// config resolution, pretrain() and the TextGenerator each ask for the run's tokenizer, and a Llama-3 tokenizer.json
+/// takes about a second to load. A file changed since (its size, modification time or inode; for a directory, those
+/// of each file in it) is loaded anew. The last few tokenizers stay cached for the life of the process.
+std::shared_ptr<const Tokenizer> shared_tokenizer(const TokenizerConfig& config);
 
 }  // namespace bridge::training::tokenizers
