@@ -244,6 +244,16 @@ class C10dGroup final : public GroupBackend {
                                               static_cast<int64_t>(inputs.size()), group_->getRank());
   }
 
+  std::unique_ptr<PendingWork> all_gather_async(std::vector<torch::Tensor>& outputs, torch::Tensor& input) override {
+    // c10d gathers into its own flat staging and copies each member's part into the outputs when it is done, so an
+    // input that is one of them is read before anything overwrites it.
+    std::vector<std::vector<at::Tensor>> output_lists{outputs};
+    std::vector<at::Tensor> inputs{input};
+    c10d::AllgatherOptions options;
+    options.timeout = timeout_;
+    return start([&] { return group_->allgather(output_lists, inputs, options); });
+  }
+
   std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
     // The host copy is complete when to() returns (a synchronising copy), and the c10d work keeps it alive.
     std::vector<at::Tensor> tensors{stages_on_host(tensor) ? tensor.to(torch::kCPU) : tensor};
@@ -350,6 +360,9 @@ class DeviceDispatchGroup final : public GroupBackend {
   std::unique_ptr<PendingWork> reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor>& inputs,
                                                     ReduceOp op) override {
     return for_tensor(output).reduce_scatter_async(output, inputs, op);
+  }
+  std::unique_ptr<PendingWork> all_gather_async(std::vector<torch::Tensor>& outputs, torch::Tensor& input) override {
+    return for_tensor(input).all_gather_async(outputs, input);
   }
   std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) override {
     return for_tensor(tensor).isend(tensor, dst, tag);

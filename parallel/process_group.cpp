@@ -153,6 +153,28 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor& output, const torch::Tens
   return Work(this, "reduce_scatter_async", std::move(pending));
 }
 
+Work ProcessGroup::all_gather_async(std::vector<torch::Tensor> outputs, const torch::Tensor& input) {
+  const std::string what = "all_gather_async on group '" + name_ + "'";
+  if (static_cast<int>(outputs.size()) != size() || !input.is_contiguous()) {
+    throw std::invalid_argument(what + ": give one output per member (" + std::to_string(size()) + ", got " +
+                                std::to_string(outputs.size()) + ") and a contiguous input");
+  }
+  for (const torch::Tensor& output : outputs) {
+    if (output.sizes() != input.sizes() || output.dtype() != input.dtype()) {
+      throw std::invalid_argument(what + ": every output must have the input's shape " + c10::str(input.sizes()) +
+                                  " and dtype");
+    }
+  }
+  if (!impl_) {
+    if (!outputs[0].is_same(input)) outputs[0].copy_(input);
+    return Work();
+  }
+  torch::Tensor source = input;
+  std::unique_ptr<detail::PendingWork> pending;
+  run("all_gather_async", [&] { pending = impl_->all_gather_async(outputs, source); });
+  return Work(this, "all_gather_async", std::move(pending));
+}
+
 Work ProcessGroup::all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
   if (!impl_) return Work();
   if (!tensor.is_contiguous()) {

@@ -62,6 +62,7 @@ class GroupBackend {
   virtual std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) = 0;
   virtual std::unique_ptr<PendingWork> reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor>& inputs,
                                                             ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingWork> all_gather_async(std::vector<torch::Tensor>& outputs, torch::Tensor& input) = 0;
   virtual std::unique_ptr<PendingWork> isend(torch::Tensor& tensor, int dst, int tag) = 0;
   virtual std::unique_ptr<PendingWork> irecv(torch::Tensor& tensor, int src, int tag) = 0;
   virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
@@ -79,10 +80,10 @@ class GroupBackend {
 
 class ProcessGroup;
 
-/// An operation started by ProcessGroup::all_reduce_async, reduce_scatter_async, isend or irecv. Its tensor must not be
-/// read or written until wait() returns; wait() throws CommunicationError like the blocking calls. Dropping a Work
-/// without waiting is safe (the backend keeps the tensor alive) but leaves the result unspecified. The group must
-/// outlive the Work.
+/// An operation started by ProcessGroup::all_reduce_async, reduce_scatter_async, all_gather_async, isend or irecv. Its
+/// tensor must not be read or written until wait() returns; wait() throws CommunicationError like the blocking calls.
+/// Dropping a Work without waiting is safe (the backend keeps the tensor alive) but leaves the result unspecified. The
+/// group must outlive the Work.
 class Work {
  public:
   Work() = default;  ///< Already complete (what groups of one return).
@@ -145,6 +146,11 @@ class ProcessGroup {
   /// returns at once; neither may be touched until wait() returns. `output` may be this rank's chunk of `input` (in
   /// place, as the distributed optimizer's gradient buckets use it).
   Work reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  /// Starts gathering every member's contiguous `input` into `outputs` (one tensor of the input's shape per member,
+  /// in group-rank order) and returns at once; none may be touched until wait() returns. The backends gather into
+  /// staging of their own and copy each member's part out when done, so `input` may be one of `outputs` (or share
+  /// memory with it) and the outputs may be views anywhere, as the distributed optimizer's parameter windows are.
+  Work all_gather_async(std::vector<torch::Tensor> outputs, const torch::Tensor& input);
   /// Start a send to / receive from group rank `peer` and return at once. Sends and receives between two ranks match
   /// in the order they are started (per tag), so a pipeline may start both directions before waiting on either.
   Work isend(const torch::Tensor& tensor, int peer, int tag = 0);

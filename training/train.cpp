@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "parallel/distributed.h"
+#include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/finalize_model_grads.h"
 #include "parallel/parallel_state.h"
 #include "parallel/pipeline_parallel/schedules.h"
@@ -303,6 +304,9 @@ ControlOutcome train(PretrainSetup& setup) {
       break;
     }
   }
+  // ddp.overlap_param_gather: the last step's all-gathers had no forward to wait for them; what reads the model from
+  // here on (the final checkpoint, on_train_end, an export) sees the trained parameters.
+  parallel::distributed::finish_param_gathers();
   if (outcome != ControlOutcome::kExit && !config.checkpoint.save.empty() && train_state.step > 0 &&
       setup.last_saved_step != train_state.step) {
     save_checkpoint(setup);

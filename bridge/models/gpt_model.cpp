@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/cross_entropy.h"
 #include "parallel/tensor_parallel/grad_accumulation_fusion.h"
@@ -15,6 +16,7 @@
 
 namespace bridge::models {
 namespace tp = parallel::tensor_parallel;
+using parallel::distributed::wait_for_param_gather;
 
 namespace {
 
@@ -82,7 +84,10 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   const bool dropout = is_training() && (config_.hidden_dropout > 0.0 || config_.attention_dropout > 0.0);
   const bool fork_rng = sequence_parallel_ && dropout;
   torch::Tensor hidden;
+  // Each module waits for its parameters' all-gather just before it runs (ddp.overlap_param_gather; free otherwise).
   if (options_.pre_process) {
+    wait_for_param_gather(*word_embeddings);
+    if (position_embeddings) wait_for_param_gather(*position_embeddings);
     hidden = word_embeddings(tokens);  // [s / tp, b, h] already when it reduce-scatters
     if (!word_embeddings->options.reduce_scatter_embeddings) {
       if (position_embeddings) hidden = hidden + position_embeddings(position_ids);
@@ -105,6 +110,8 @@ torch::Tensor GPTModelImpl::forward(const torch::Tensor& tokens, const torch::Te
   hidden = tp::with_rng_fork(fork_rng, [&] { return transformer_layers(hidden, attention_mask, rotary); });
   if (!options_.post_process) return hidden;
 
+  wait_for_param_gather(*final_layernorm);
+  wait_for_param_gather(shared_embedding_or_output_weight());
   hidden = final_layernorm(hidden);
   // A tied weight takes the embedding's gradient through autograd and this GEMM's straight into its main_grad. Under
   // sequence parallelism the GEMM gathers the sequence (the logits cover all of it) and reduce-scatters its gradient.
@@ -127,6 +134,7 @@ torch::Tensor GPTModelImpl::transformer_layers(torch::Tensor hidden, const torch
     return [this, attention_mask, rotary, begin, end](const torch::autograd::variable_list& inputs) {
       torch::Tensor x = inputs[0];
       for (int64_t i = begin; i < end; ++i) {
+        wait_for_param_gather(*layers[i]);
         x = layers[i]->as<TransformerLayerImpl>()->forward(x, attention_mask, rotary ? &*rotary : nullptr);
       }
       return torch::autograd::variable_list{x};

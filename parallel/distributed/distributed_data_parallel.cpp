@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <atomic>
+#include <deque>
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
@@ -40,7 +42,20 @@ struct Bucket {
   int64_t pending = 0;        // hooked params not yet reported in the current grad sync
   bool started = false;
   Work work;
+  torch::Tensor param_data;         // under the distributed optimizer: the same elements of the parameter buffer
+  int64_t gather_windows_left = 0;  // windows of param_data's all-gather not yet complete
 };
+
+// One window of a bucket's parameter all-gather: each rank's next kGatherWindow elements of its shard. Windows keep
+// the collectives' staging (c10d gathers into a buffer of its own, then copies out) a few windows' size, not the
+// model's.
+struct GatherWindow {
+  std::size_t bucket = 0;
+  std::vector<torch::Tensor> outputs;  // every rank's elements of this window, views of the bucket
+  Work work;
+};
+constexpr int64_t kGatherWindow = int64_t{1} << 22;  // elements per rank
+constexpr std::size_t kGatherWindowsInFlight = 2;
 
 // Megatron's param.main_grad: C++ tensors have no attribute slots, so a registry keyed by the TensorImpl (as
 // param_attributes) maps each wrapped parameter to its view into the grad buffer.
@@ -51,6 +66,25 @@ std::mutex& main_grad_mutex() {
 std::unordered_map<const c10::TensorImpl*, torch::Tensor>& main_grads() {
   static std::unordered_map<const c10::TensorImpl*, torch::Tensor> registry;
   return registry;
+}
+
+// Which live DistributedDataParallel's bucket holds each parameter, for the forward pre-hooks of overlap_param_gather
+// (a model's forward knows its modules, not the wrapper); the count of gathers in flight makes them free otherwise.
+struct GatherOwner {
+  DistributedDataParallel::Impl* impl = nullptr;
+  std::size_t bucket = 0;
+};
+std::mutex& gather_registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<const c10::TensorImpl*, GatherOwner>& gather_owners() {
+  static auto* owners = new std::unordered_map<const c10::TensorImpl*, GatherOwner>;
+  return *owners;
+}
+std::atomic<int64_t>& gathers_in_flight() {
+  static std::atomic<int64_t> count{0};
+  return count;
 }
 
 std::string describe_param(std::size_t index, const torch::Tensor& param) {
@@ -75,6 +109,11 @@ struct DistributedDataParallel::Impl {
   void start_bucket(Bucket& bucket, bool in_backward);
   void wait_started();
   void reset_sync_state();
+  void finish_bucket_gather(std::size_t index);
+  void finish_gathers();
+  // Under gather_mutex:
+  void start_gather_windows();
+  void complete_oldest_gather_window();
   bool reduce_scatters() const { return config.use_distributed_optimizer && group->size() > 1; }
 
   std::shared_ptr<torch::nn::Module> module;
@@ -83,6 +122,7 @@ struct DistributedDataParallel::Impl {
   std::vector<torch::Tensor> params;
   std::vector<ParamSlot> slots;
   std::vector<torch::Tensor> buffers;
+  std::vector<torch::Tensor> param_buffers;  // under the distributed optimizer: the parameters' storage
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
   bool grad_sync = true;
@@ -91,6 +131,9 @@ struct DistributedDataParallel::Impl {
   int64_t started_in_backward = 0;
   int64_t last_started_in_backward = 0;
   std::mutex mutex;
+  std::mutex gather_mutex;                   // the parameter all-gathers' state (the forward's thread, or a reader's)
+  std::deque<GatherWindow> gathers_queued;   // in forward order, not started
+  std::deque<GatherWindow> gathers_started;  // in flight, oldest first
 };
 
 namespace {
@@ -121,6 +164,11 @@ DistributedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> wrapped,
         "DistributedDataParallelConfig.bucket_size must be >= 0 (0 = Megatron's default), got " +
         std::to_string(config.bucket_size));
   }
+  if (config.overlap_param_gather && !config.use_distributed_optimizer) {
+    throw std::invalid_argument(
+        "DistributedDataParallelConfig.overlap_param_gather needs use_distributed_optimizer: only the distributed "
+        "optimizer all-gathers parameters after its step; turn both on, or overlap_param_gather off");
+  }
   if (group == nullptr) group = &get_data_parallel_group(/*with_context_parallel=*/true);
   for (const torch::Tensor& param : module->parameters()) {
     if (!param.requires_grad() || index_of.count(param.unsafeGetTensorImpl()) != 0) continue;  // frozen or shared
@@ -143,10 +191,25 @@ DistributedDataParallel::Impl::~Impl() {
       if (found != main_grads().end() && found->second.is_same(slot.grad)) main_grads().erase(found);
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(gather_registry_mutex());
+    for (ParamSlot& slot : slots) {
+      auto found = gather_owners().find(slot.param.unsafeGetTensorImpl());
+      if (found != gather_owners().end() && found->second.impl == this) gather_owners().erase(found);
+    }
+  }
+  // A destructor must not throw; a failure was or will be reported by the peers' errors.
   for (Bucket& bucket : buckets) {
     try {
       bucket.work.wait();
-    } catch (...) {  // a destructor must not throw; the failure was or will be reported by the peers' errors
+    } catch (...) {
+    }
+    if (bucket.gather_windows_left > 0) --gathers_in_flight();
+  }
+  for (GatherWindow& window : gathers_started) {
+    try {
+      window.work.wait();
+    } catch (...) {
     }
   }
 }
@@ -155,6 +218,7 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
   // One buffer per (dtype, device), params in reverse order: the order backward produces their grads.
   struct Group {
     torch::TensorOptions options;
+    caffe2::TypeMeta param_dtype;
     std::vector<std::size_t> members;
   };
   std::vector<Group> groups;
@@ -163,11 +227,13 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
     const bool low_precision = param.scalar_type() == torch::kBFloat16 || param.scalar_type() == torch::kHalf;
     const caffe2::TypeMeta dtype =
         config.grad_reduce_in_fp32 && low_precision ? caffe2::TypeMeta::Make<float>() : param.dtype();
+    // Under the distributed optimizer the parameters also share a buffer, so a group holds one parameter dtype too.
     auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-      return g.options.dtype() == dtype && g.options.device() == param.device();
+      return g.options.dtype() == dtype && g.options.device() == param.device() &&
+             (!reduce_scatters() || g.param_dtype == param.dtype());
     });
     if (found == groups.end()) {
-      groups.push_back({torch::TensorOptions().dtype(dtype).device(param.device()), {}});
+      groups.push_back({torch::TensorOptions().dtype(dtype).device(param.device()), param.dtype(), {}});
       found = std::prev(groups.end());
     }
     found->members.push_back(i);
@@ -207,10 +273,15 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
       if (own || last || (config.overlap_grad_reduce && offset - bucket_start >= bucket_size)) close_bucket();
     }
     torch::Tensor buffer = torch::zeros({offset}, g.options);
+    // Megatron's param buffer: the parameters become views of one buffer with the grad buffer's layout, so that each
+    // bucket's updated shards are all-gathered straight into the parameters.
+    torch::Tensor param_buffer;
+    if (reduce_scatters()) param_buffer = torch::zeros({offset}, g.options.dtype(g.param_dtype));
     const auto first_bucket = static_cast<int64_t>(buckets.size());
     for (const auto& [start, end] : ranges) {
       Bucket bucket;
       bucket.data = buffer.narrow(0, start, end - start);
+      if (param_buffer.defined()) bucket.param_data = param_buffer.narrow(0, start, end - start);
       buckets.push_back(std::move(bucket));
     }
     for (std::size_t member = 0; member < g.members.size(); ++member) {
@@ -222,10 +293,18 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
       slot.separate = slot.grad.dtype() != params[i].dtype();
       if (params[i].grad().defined()) slot.grad.copy_(params[i].grad());  // keep what was accumulated before wrapping
       params[i].mutable_grad() = slot.separate ? torch::Tensor() : slot.grad;
+      if (param_buffer.defined()) {
+        torch::Tensor storage = param_buffer.narrow(0, offsets[member], params[i].numel()).view(params[i].sizes());
+        storage.copy_(params[i].detach());
+        params[i].set_data(storage);  // the same parameter (every module holding it sees the move), new storage
+        std::lock_guard<std::mutex> lock(gather_registry_mutex());
+        gather_owners()[params[i].unsafeGetTensorImpl()] = {this, static_cast<std::size_t>(slot.bucket)};
+      }
       std::lock_guard<std::mutex> lock(main_grad_mutex());
       main_grads()[params[i].unsafeGetTensorImpl()] = slot.grad;
     }
     buffers.push_back(std::move(buffer));
+    if (param_buffer.defined()) param_buffers.push_back(std::move(param_buffer));
   }
 }
 
@@ -329,6 +408,42 @@ void DistributedDataParallel::Impl::reset_sync_state() {
   started_in_backward = 0;
 }
 
+void DistributedDataParallel::Impl::start_gather_windows() {
+  while (gathers_started.size() < kGatherWindowsInFlight && !gathers_queued.empty()) {
+    GatherWindow& window = gathers_queued.front();
+    const torch::Tensor own = window.outputs[static_cast<std::size_t>(group->rank())];
+    window.work = group->all_gather_async(window.outputs, own);
+    gathers_started.push_back(std::move(window));
+    gathers_queued.pop_front();
+  }
+}
+
+void DistributedDataParallel::Impl::complete_oldest_gather_window() {
+  GatherWindow window = std::move(gathers_started.front());
+  gathers_started.pop_front();
+  if (--buckets[window.bucket].gather_windows_left == 0) --gathers_in_flight();
+  window.work.wait();
+}
+
+void DistributedDataParallel::Impl::finish_bucket_gather(std::size_t index) {
+  std::lock_guard<std::mutex> lock(gather_mutex);
+  // Windows done meanwhile make room for the next ones, so the gathers keep moving while the forward computes.
+  while (!gathers_started.empty() && gathers_started.front().work.is_completed()) complete_oldest_gather_window();
+  while (buckets[index].gather_windows_left > 0) {
+    start_gather_windows();
+    complete_oldest_gather_window();
+  }
+  start_gather_windows();
+}
+
+void DistributedDataParallel::Impl::finish_gathers() {
+  std::lock_guard<std::mutex> lock(gather_mutex);
+  while (!gathers_started.empty() || !gathers_queued.empty()) {
+    start_gather_windows();
+    complete_oldest_gather_window();
+  }
+}
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  DistributedDataParallelConfig config,
                                                  ProcessGroup* data_parallel_group,
@@ -342,6 +457,7 @@ DistributedDataParallel& DistributedDataParallel::operator=(DistributedDataParal
 torch::nn::Module& DistributedDataParallel::module() { return *impl_->module; }
 const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module_ptr() const { return impl_->module; }
 const DistributedDataParallelConfig& DistributedDataParallel::config() const { return impl_->config; }
+ProcessGroup& DistributedDataParallel::data_parallel_group() const { return *impl_->group; }
 
 void DistributedDataParallel::zero_grad_buffer() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -367,6 +483,7 @@ bool DistributedDataParallel::grad_sync_enabled() const { return impl_->grad_syn
 
 void DistributedDataParallel::finish_grad_sync() {
   Impl& impl = *impl_;
+  impl.finish_gathers();  // a bucket whose parameters no forward read: the optimizer is about to update them
   std::lock_guard<std::mutex> lock(impl.mutex);
   // Params the backward did not reach still need their grad in the buffer before it is reduced.
   for (ParamSlot& slot : impl.slots) impl.absorb_grad(slot);
@@ -401,6 +518,68 @@ void DistributedDataParallel::broadcast_params() {
     }
   }
 }
+
+void DistributedDataParallel::start_param_sync() {
+  Impl& impl = *impl_;
+  if (!impl.reduce_scatters()) return;
+  impl.finish_gathers();
+  {
+    std::lock_guard<std::mutex> lock(impl.gather_mutex);
+    const int64_t ranks = impl.group->size();
+    // Forward order (the buckets are laid out in backward order), so the first layers' parameters arrive first.
+    for (std::size_t index = impl.buckets.size(); index-- > 0;) {
+      Bucket& bucket = impl.buckets[index];
+      const int64_t shard = bucket.param_data.numel() / ranks;
+      for (int64_t at = 0; at < shard; at += kGatherWindow) {
+        const int64_t width = std::min(kGatherWindow, shard - at);
+        GatherWindow window;
+        window.bucket = index;
+        for (int64_t rank = 0; rank < ranks; ++rank) {
+          window.outputs.push_back(bucket.param_data.narrow(0, rank * shard + at, width));
+        }
+        impl.gathers_queued.push_back(std::move(window));
+        ++bucket.gather_windows_left;
+      }
+      if (bucket.gather_windows_left > 0) ++gathers_in_flight();
+    }
+    impl.start_gather_windows();
+  }
+  if (!impl.config.overlap_param_gather) impl.finish_gathers();
+}
+
+void DistributedDataParallel::finish_param_sync() { impl_->finish_gathers(); }
+
+void wait_for_param_gather(const torch::Tensor& param) {
+  if (gathers_in_flight().load() == 0 || !param.defined()) return;
+  GatherOwner owner;
+  {
+    std::lock_guard<std::mutex> lock(gather_registry_mutex());
+    const auto found = gather_owners().find(param.unsafeGetTensorImpl());
+    if (found == gather_owners().end()) return;
+    owner = found->second;
+  }
+  owner.impl->finish_bucket_gather(owner.bucket);
+}
+
+void wait_for_param_gather(const torch::nn::Module& module) {
+  if (gathers_in_flight().load() == 0) return;
+  for (const torch::Tensor& param : module.parameters()) wait_for_param_gather(param);
+}
+
+void finish_param_gathers() {
+  if (gathers_in_flight().load() == 0) return;
+  std::vector<DistributedDataParallel::Impl*> owners;
+  {
+    std::lock_guard<std::mutex> lock(gather_registry_mutex());
+    for (const auto& entry : gather_owners()) {
+      if (std::find(owners.begin(), owners.end(), entry.second.impl) == owners.end())
+        owners.push_back(entry.second.impl);
+    }
+  }
+  for (DistributedDataParallel::Impl* impl : owners) impl->finish_gathers();
+}
+
+int64_t param_gathers_in_flight() { return gathers_in_flight().load(); }
 
 const std::vector<torch::Tensor>& DistributedDataParallel::params() const { return impl_->params; }
 std::vector<torch::Tensor> DistributedDataParallel::grad_buffers() const { return impl_->buffers; }

@@ -37,6 +37,11 @@ struct DistributedDataParallelConfig {
   /// reduce-scattered: after finish_grad_sync only this rank's 1/dp of every bucket holds the reduced gradient (the
   /// rest keeps this rank's own), half an all-reduce's traffic. The optimizer all-gathers the updates.
   bool use_distributed_optimizer = false;
+  /// Megatron's overlap_param_gather (with use_distributed_optimizer): the parameters' all-gather after the optimizer
+  /// step is only started, and each bucket is waited for by the next forward just before its first layer that uses
+  /// it (wait_for_param_gather, which bridge's GPTModel calls per layer), so the gathers overlap the forward. Until
+  /// then a rank's parameters hold the new values of its own shard only; see finish_param_gathers.
+  bool overlap_param_gather = false;
 };
 
 class DistributedDataParallel {
@@ -59,6 +64,8 @@ class DistributedDataParallel {
   torch::nn::Module& module();
   const std::shared_ptr<torch::nn::Module>& module_ptr() const;
   const DistributedDataParallelConfig& config() const;
+  /// The group the gradients are reduced over (the data-parallel group with context parallel by default).
+  ProcessGroup& data_parallel_group() const;
 
   /// Zeroes the grad buffer (call at the start of every step instead of optimizer.zero_grad(), which would detach the
   /// views; LibTorch 2.x zero_grad defaults to set_to_none). Waits for reductions still in flight and re-attaches
@@ -73,6 +80,15 @@ class DistributedDataParallel {
   void finish_grad_sync();
   /// Copies data-parallel rank 0's parameters to every rank (Megatron's broadcast_params).
   void broadcast_params();
+  /// Under use_distributed_optimizer (Megatron's start_param_sync), after the optimizer has written this rank's shard
+  /// of every bucket's parameters: all-gathers the other ranks' shards into this rank's parameters, which are views of
+  /// one parameter buffer per dtype laid out as the grad buffer, so the gathers write straight into them. In forward
+  /// order, in windows of 4M elements a rank with two in flight (the collectives' staging stays small); with
+  /// overlap_param_gather it only starts them, else it waits. A no-op without the distributed optimizer or at dp 1.
+  void start_param_sync();
+  /// Waits for this model chunk's parameter all-gathers still in flight (Megatron's finish_param_sync for every
+  /// bucket).
+  void finish_param_sync();
 
   /// The wrapped parameters that take part (requires_grad), in the module's order.
   const std::vector<torch::Tensor>& params() const;
@@ -98,6 +114,20 @@ class DistributedDataParallel {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+/// Megatron's forward pre-hook under overlap_param_gather: waits for the all-gathers of the buckets that hold
+/// `module`'s parameters (recursively), so that the forward about to run reads the updated values. Returns at once when
+/// no gather is in flight; a model's forward calls it for each layer before running it.
+void wait_for_param_gather(const torch::nn::Module& module);
+/// The same for one parameter (a weight a forward reads outside its module, as a tied output layer).
+void wait_for_param_gather(const torch::Tensor& param);
+/// Waits for every live DistributedDataParallel's parameter all-gathers. Anything that reads parameters outside a
+/// forward between an optimizer step and the next forward (a checkpoint, the parameter norm, an export, a callback
+/// that inspects weights) calls this first under overlap_param_gather; it starts no collective, so any subset of the
+/// ranks may call it.
+void finish_param_gathers();
+/// Parameter all-gathers started and not yet waited for, over every live DistributedDataParallel (tests, statistics).
+int64_t param_gathers_in_flight();
 
 /// main_grad of whichever live DistributedDataParallel wraps `param`, or param.grad() for a parameter none wraps (the
 /// grad norm, clipping and the tied-embedding sync read gradients through this).

@@ -182,8 +182,8 @@ TEST_F(Cli, MpirunFourRanksTrainAMegatronBridgeRecipeWithTheThreeMemorySwitches)
       run({"--config", (kSourceDir / "examples/recipes/megatron_bridge_gpt.yaml").string(),
            "model.tensor_model_parallel_size=2", "model.sequence_parallel=true", "model.recompute_granularity=full",
            "model.recompute_method=uniform", "model.recompute_num_layers=1", "optimizer.use_distributed_optimizer=true",
-           "ddp.use_distributed_optimizer=true", "train.train_iters=3", "logger.log_interval=1",
-           "validation.eval_iters=1", "dist.distributed_timeout_minutes=2"},
+           "ddp.use_distributed_optimizer=true", "ddp.overlap_param_gather=true", "train.train_iters=3",
+           "logger.log_interval=1", "validation.eval_iters=1", "dist.distributed_timeout_minutes=2"},
           {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "XDG_CACHE_HOME"});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(count(result.output, "tp=2 pp=1 dp=2"), 1) << result.output;

@@ -113,6 +113,49 @@ void expect_reduce_scattered(const DistributedDataParallel& ddp, const std::vect
   expect(local > 0, "every element outside this rank's shard equals the reduced gradient: an all-reduce ran");
 }
 
+// Under use_distributed_optimizer the parameters are views of a buffer laid out as the grad buffer, and
+// start_param_sync all-gathers each bucket's shards in place: every rank writes `value(rank)` into all of its
+// parameters, and afterwards each element holds the value of the rank that owns it. With overlap_param_gather the
+// gathers are only started, and wait_for_param_gather (a forward's pre-hook) completes them.
+void expect_param_gather(DistributedDataParallel& ddp, const std::vector<torch::Tensor>& params, int dp, int rank,
+                         int step, bool overlap) {
+  const auto value = [step](int owner) { return static_cast<double>((owner + 1) * 10 + step); };
+  std::vector<int64_t> bucket_start(static_cast<std::size_t>(ddp.num_buckets()), INT64_MAX);
+  for (const torch::Tensor& param : params) {
+    expect(param.storage_offset() == ddp.main_grad(param).storage_offset() && param.is_alias_of(params.front()),
+           "a parameter is not a view of the parameter buffer at its gradient's offset");
+    int64_t& start = bucket_start[static_cast<std::size_t>(ddp.bucket_of(param))];
+    start = std::min(start, param.storage_offset());
+  }
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> kept;  // put back afterwards: the next step compares gradients with the reference's
+  for (const torch::Tensor& param : params) {
+    kept.push_back(param.detach().clone());
+    param.detach().fill_(value(rank));
+  }
+  ddp.start_param_sync();
+  const int64_t in_flight = bridge::parallel::distributed::param_gathers_in_flight();
+  expect(in_flight == (overlap ? ddp.num_buckets() : 0),
+         "parameter all-gathers in flight after start_param_sync: " + std::to_string(in_flight));
+  bridge::parallel::distributed::wait_for_param_gather(ddp.module());
+  expect(bridge::parallel::distributed::param_gathers_in_flight() == 0, "the pre-hook waited for every bucket");
+  for (const torch::Tensor& param : params) {
+    const int64_t start = bucket_start[static_cast<std::size_t>(ddp.bucket_of(param))];
+    const int64_t shard = ddp.bucket_numel(ddp.bucket_of(param)) / dp;
+    const torch::Tensor flat = param.detach().reshape({-1});
+    for (int64_t e = 0; e < flat.numel(); ++e) {
+      const auto owner = static_cast<int>((param.storage_offset() + e - start) / shard);
+      if (flat[e].item<double>() != value(owner)) {
+        expect(false, "element " + std::to_string(e) + " of a parameter holds " +
+                          std::to_string(flat[e].item<double>()) + ", not the value of rank " + std::to_string(owner) +
+                          " that owns it");
+        break;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) params[i].detach().copy_(kept[i]);
+}
+
 int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective, bool reduce_scatter) {
   init_distributed({Backend::kGloo, std::chrono::seconds(60)});
   initialize_model_parallel(1);
@@ -132,6 +175,7 @@ int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective, bool r
     config.average_in_collective = average_in_collective;
     config.bucket_size = 50;  // reverse order: b3+w3 | b2+w2 | b1+w1 = 3 buckets with overlap
     config.use_distributed_optimizer = reduce_scatter;
+    config.overlap_param_gather = reduce_scatter && overlap;
     DistributedDataParallel ddp(model, config);
     expect(ddp.num_buckets() == (overlap ? 3 : 1), "num_buckets " + std::to_string(ddp.num_buckets()));
 
@@ -169,7 +213,9 @@ int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective, bool r
         std::vector<torch::Tensor> reference;
         for (const auto& p : ref_params) reference.push_back(p.grad());
         expect_reduce_scattered(ddp, model->params, reference, dp, rank, tolerance);
-        continue;  // the distributed optimizer steps the shards (training::DistributedOptimizer)
+        // The distributed optimizer steps the shards (training::DistributedOptimizer); the gather is DDP's.
+        expect_param_gather(ddp, model->params, dp, rank, step, overlap);
+        continue;
       }
       for (std::size_t i = 0; i < ref_params.size(); ++i) {
         const double diff = relative_diff(model->params[i].grad(), ref_params[i].grad());

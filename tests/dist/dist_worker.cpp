@@ -105,8 +105,18 @@ void check_group(ProcessGroup& group, const std::vector<int>& expected_members) 
     works.push_back(group.irecv(from_prev, prev));
     works.push_back(group.irecv(from_next, next));
     works.push_back(group.all_reduce_async(reduced));
+    // In place, as the distributed optimizer's parameter buckets: this rank's chunk of the output is the input.
+    torch::Tensor in_place = torch::full({3 * group.size()}, -1.0, torch::kFloat64);
+    torch::Tensor own = in_place.narrow(0, 3 * group.rank(), 3);
+    own.fill_(mine);
+    works.push_back(group.all_gather_async(in_place.chunk(group.size()), own));
     wait_all(works);
-    expect(group.operation_count() == before + 5, name + " operation_count counts started operations");
+    expect(group.operation_count() == before + 6, name + " operation_count counts started operations");
+    for (int member = 0; member < group.size(); ++member) {
+      expect(
+          in_place.narrow(0, 3 * member, 3).eq(value_of(members[static_cast<std::size_t>(member)])).all().item<bool>(),
+          name + " all_gather_async member " + std::to_string(member));
+    }
     expect(from_prev.eq(value_of(members[static_cast<std::size_t>(prev)])).all().item<bool>(), name + " irecv prev");
     expect(from_next.eq(value_of(members[static_cast<std::size_t>(next)])).all().item<bool>(), name + " irecv next");
     expect(reduced.eq(sum).all().item<bool>(), name + " all_reduce_async");

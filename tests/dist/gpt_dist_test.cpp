@@ -166,8 +166,13 @@ TEST(GptParity, DataParallel2DistributedOptimizer) { expect_parity("dp2_distopt"
 TEST(GptParity, Pp2Dp2DistributedOptimizerWithTheTiedEmbedding) {
   expect_parity("pp2dp2_distopt", 4, 1, 2, 0, "gpt+distopt");
 }
+// ddp.overlap_param_gather: the update's all-gathers are waited for by the next forward, layer by layer (the worker
+// checks that gathers are still in flight as a step's first forward starts and none once it has run).
+TEST(GptParity, DataParallel2DistributedOptimizerOverlappingTheParamGather) {
+  expect_parity("dp2_distopt_overlap", 2, 1, 1, 0, "gpt+distopt+overlap_param_gather");
+}
 TEST(GptParity, LlamaBlockTp2Pp2Dp2WithSequenceParallelFullRecomputeAndDistributedOptimizer) {
-  expect_parity("llama_tp2pp2dp2_all", 8, 2, 2, 0, "llama+sp+full_recompute+distopt");
+  expect_parity("llama_tp2pp2dp2_all", 8, 2, 2, 0, "llama+sp+full_recompute+distopt+overlap_param_gather");
 }
 TEST(GptParity, LlamaBlockInterleavedPipelineWithFullRecompute) {
   expect_parity("llama_pp2vpp2_recompute", 2, 1, 2, 2, "llama+full_recompute");

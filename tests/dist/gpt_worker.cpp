@@ -60,9 +60,10 @@ using namespace bridge::training;
 
 using testing::expect;
 
-// "<block>[+full_recompute][+sp][+distopt][+bf16][+scale2^k]": the block (gpt or llama), then full recomputation of
-// every layer (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer, the bf16_mixed recipe,
-// fp16's dynamic loss scale starting at 2^k with no hysteresis.
+// "<block>[+full_recompute][+sp][+distopt][+overlap_param_gather][+bf16][+scale2^k]": the block (gpt or llama), then
+// full recomputation of every layer (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer
+// and its parameter all-gather overlapped with the next forward, the bf16_mixed recipe, fp16's dynamic loss scale
+// starting at 2^k with no hysteresis.
 void apply_switches(ConfigContainer& config, const std::string& block) {
   std::istringstream switches(block);
   std::string item;
@@ -77,6 +78,8 @@ void apply_switches(ConfigContainer& config, const std::string& block) {
       config.model.sequence_parallel = true;
     } else if (item == "distopt") {
       config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
+    } else if (item == "overlap_param_gather") {
+      config.ddp.overlap_param_gather = true;
     } else if (item == "bf16") {
       apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
     } else if (item.rfind("scale2^", 0) == 0) {  // fp16's dynamic scale from 2^k, halved at each overflow
@@ -172,8 +175,27 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, steps);
   apply_mixed_precision_recipe(config.mixed_precision, precision);
   apply_switches(config, block);
+  // Under overlap_param_gather a step's all-gathers are still in flight when its first forward starts (the step
+  // before only started them), and on one stage that forward has waited for all of them by its end.
+  int64_t in_flight_at_start = 0;
+  if (config.ddp.overlap_param_gather) {
+    manager->register_callback(Event::kForwardStart, [&](CallbackContext& ctx) {
+      if (*ctx.micro_batch == 0 && parallel::distributed::param_gathers_in_flight() > 0) ++in_flight_at_start;
+    });
+    manager->register_callback(Event::kForwardEnd, [&](CallbackContext& ctx) {
+      if (pp > 1 || *ctx.micro_batch != 0) return;
+      expect(parallel::distributed::param_gathers_in_flight() == 0,
+             "the forward waited for every parameter all-gather, " +
+                 std::to_string(parallel::distributed::param_gathers_in_flight()) + " left");
+    });
+  }
   const TrainState final_state = pretrain(config, gpt_forward_step, manager);
   expect(final_state.step == steps, "trained all steps");
+  if (config.ddp.overlap_param_gather) {
+    expect(in_flight_at_start >= steps / 2, "a step's first forward found the all-gathers in flight in " +
+                                                std::to_string(in_flight_at_start) + " of " + std::to_string(steps) +
+                                                " steps");
+  }
   const int64_t chunks = vpp > 0 ? vpp : 1;
   const int64_t micro_batches = config.num_microbatches(parallel::get_world_size());
   expect(forwards == steps * micro_batches * chunks,

@@ -120,6 +120,14 @@ TEST(Validate, TheDistributedOptimizerNeedsBothOfItsKeys) {
   EXPECT_THAT(validation_error([](ConfigContainer& c) { c.optimizer.use_distributed_optimizer = true; }),
               AllOf(HasSubstr("optimizer.use_distributed_optimizer and ddp.use_distributed_optimizer differ"),
                     HasSubstr("set both")));
+  EXPECT_THAT(validation_error([](ConfigContainer& c) { c.ddp.overlap_param_gather = true; }),
+              AllOf(HasSubstr("ddp.overlap_param_gather is true without the distributed optimizer"),
+                    HasSubstr("ddp.overlap_param_gather to false")));
+  EXPECT_EQ(validation_error([&](ConfigContainer& c) {
+              both(c);
+              c.ddp.overlap_param_gather = true;
+            }),
+            "<accepted>");
   // fp16 and checkpoints (tests/dist/gpt_dist_test.cpp, checkpoint_dist_test.cpp).
   EXPECT_EQ(validation_error([&](ConfigContainer& c) {
               both(c);

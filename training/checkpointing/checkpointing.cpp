@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parallel/distributed.h"
+#include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/parallel_state.h"
 #include "training/callbacks/callback_state.h"
 #include "training/checkpointing/checkpoint_state.h"
@@ -227,6 +228,7 @@ GenericDict common_state(const PendingCheckpoint& pending) {
 
 std::string save_checkpoint(PretrainSetup& setup) {
   finalize_checkpoint_save(setup, /*blocking=*/true);  // the previous asynchronous save completes first
+  parallel::distributed::finish_param_gathers();       // ddp.overlap_param_gather: the step's updates, whole
   auto pending = std::make_shared<PendingCheckpoint>();
   pending->iteration = setup.state.train_state.step;
   pending->root = setup.config.checkpoint.save;

@@ -55,6 +55,12 @@ void validate_distributed_optimizer(const ConfigContainer& config) {
                                 std::string(config.ddp.use_distributed_optimizer ? "true" : "false") +
                                 "); set both, as Megatron-Bridge requires");
   }
+  if (config.ddp.overlap_param_gather && !on) {
+    throw std::invalid_argument(
+        "ddp.overlap_param_gather is true without the distributed optimizer: only it all-gathers parameters after the "
+        "step. Set optimizer.use_distributed_optimizer and ddp.use_distributed_optimizer to true, or "
+        "ddp.overlap_param_gather to false");
+  }
 }
 
 }  // namespace

@@ -162,6 +162,9 @@ const std::vector<Field>& fields() {
             "when bf16 or fp16 is on."),
       field("ddp.use_distributed_optimizer", &C::ddp, &DistributedDataParallelConfig::use_distributed_optimizer,
             "Megatron-Core's name of optimizer.use_distributed_optimizer; the two must agree."),
+      field("ddp.overlap_param_gather", &C::ddp, &DistributedDataParallelConfig::overlap_param_gather,
+            "With the distributed optimizer: start the parameters' all-gather after the step and wait for each "
+            "bucket in the next forward, just before the layers that use it."),
 
       field("dataset.data_path", &C::dataset, &DatasetConfig::data_path,
             "Megatron .bin/.idx path prefixes to train on; empty = mock data (random tokens)."),

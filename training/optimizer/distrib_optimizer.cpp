@@ -38,15 +38,25 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
                                            std::optional<GradScaler> grad_scaler)
     : group_(data_parallel_group != nullptr ? data_parallel_group
                                             : &parallel::get_data_parallel_group(/*with_context_parallel=*/true)),
-      grad_scaler_(std::move(grad_scaler)) {
+      grad_scaler_(std::move(grad_scaler)),
+      chunks_(std::move(chunks)) {
   const int64_t ranks = group_->size();
   const int64_t rank = group_->rank();
   torch::NoGradGuard no_grad;
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
-    DistributedDataParallel* ddp = chunks[c];
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    DistributedDataParallel* ddp = chunks_[c];
     if (ddp == nullptr) {
       throw std::invalid_argument("DistributedOptimizer: model chunk " + std::to_string(c) +
                                   " has no DistributedDataParallel; wrap every chunk before building the optimizer");
+    }
+    // Its buckets must be reduce-scattered over this optimizer's group and its parameters gathered back through it.
+    if (!ddp->config().use_distributed_optimizer || &ddp->data_parallel_group() != group_) {
+      throw std::invalid_argument(
+          "DistributedOptimizer: model chunk " + std::to_string(c) + "'s DistributedDataParallel " +
+          (ddp->config().use_distributed_optimizer ? "reduces over another group than the optimizer's"
+                                                   : "was built without use_distributed_optimizer") +
+          "; build it with DistributedDataParallelConfig.use_distributed_optimizer = true over the same "
+          "data-parallel group");
     }
     // Each bucket's params in buffer order, at their offsets from the bucket's first element.
     std::vector<std::vector<std::pair<int64_t, torch::Tensor>>> members(static_cast<std::size_t>(ddp->num_buckets()));
@@ -159,9 +169,9 @@ void DistributedOptimizer::finish_step() {
   for (Piece& piece : pieces_) {
     if (!piece.main_param.is_same(piece.model_view)) piece.model_view.copy_(piece.main_param);
   }
-  for (const BucketShard& bucket : buckets_) {
-    exchange(bucket, [&](std::size_t i) { return bucket.params[i].detach().view({-1}); });
-  }
+  // In place in DDP's parameter buffers, started in forward order; under overlap_param_gather the next forward waits
+  // for each bucket just before using it.
+  for (DistributedDataParallel* chunk : chunks_) chunk->start_param_sync();
 }
 
 std::unordered_map<const c10::TensorImpl*, torch::Tensor> DistributedOptimizer::gather_whole(

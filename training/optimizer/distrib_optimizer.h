@@ -60,7 +60,8 @@ class DistributedOptimizer {
   /// fp16's loss scaler; null without one.
   GradScaler* grad_scaler() { return grad_scaler_ ? &*grad_scaler_ : nullptr; }
   /// After the optimizer's step: the model params take the main params' values, and every data-parallel rank's
-  /// updated shards are all-gathered into every rank's model (collective over the data-parallel group).
+  /// updated shards are all-gathered into every rank's model (DistributedDataParallel::start_param_sync, collective
+  /// over the data-parallel group; with ddp overlap_param_gather only started, the next forward waits per bucket).
   void finish_step();
 
   struct Piece {
@@ -111,6 +112,7 @@ class DistributedOptimizer {
 
   parallel::ProcessGroup* group_;
   std::optional<GradScaler> grad_scaler_;
+  std::vector<parallel::distributed::DistributedDataParallel*> chunks_;
   std::vector<Piece> pieces_;
   std::vector<BucketShard> buckets_;
   std::vector<torch::Tensor> main_params_, decayed_, not_decayed_;

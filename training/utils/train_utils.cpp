@@ -14,6 +14,7 @@
 
 #include "bridge/models/gpt_model.h"
 #include "parallel/distributed.h"
+#include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "training/optimizer/distrib_optimizer.h"
@@ -53,6 +54,7 @@ bool counts_toward_model_norm(const torch::Tensor& param) {
 
 double local_params_norm_squared(const ModelChunks& model, bool force_create_fp32_copy) {
   torch::NoGradGuard no_grad;
+  parallel::distributed::finish_param_gathers();  // ddp.overlap_param_gather: the updated values, not a mix
   double sum = 0.0;
   for (const auto& chunk : model) {
     for (const torch::Tensor& param : chunk->parameters()) {
