@@ -214,7 +214,7 @@ def save_hf(tokenizer, directory, bos, eos):
         json.dump(config, f, indent=2)
 
 
-def sentencepiece_model(directory, model_type):
+def sentencepiece_model(directory, model_type, **options):
     import sentencepiece as spm
     os.makedirs(directory)
     text = os.path.join(directory, "corpus.txt")
@@ -223,7 +223,7 @@ def sentencepiece_model(directory, model_type):
     spm.SentencePieceTrainer.train(
         input=text, model_prefix=os.path.join(directory, "tokenizer"), vocab_size=1200, model_type=model_type,
         byte_fallback=model_type == "bpe", character_coverage=0.9995, num_threads=1, minloglevel=2,
-        user_defined_symbols=["<|endoftext|>"] if model_type == "unigram" else [])
+        user_defined_symbols=["<|endoftext|>"] if model_type == "unigram" else [], **options)
     os.remove(text)
     return spm.SentencePieceProcessor(model_file=os.path.join(directory, "tokenizer.model"))
 
@@ -257,9 +257,15 @@ def make(out):
             json.dump({"ids": plain, "ids_with_special_tokens": special, "decoded": decoded,
                        "vocab_size": tokenizer.get_vocab_size(with_added_tokens=True)}, f, ensure_ascii=True)
 
-    for name, model_type in [("sp_unigram", "unigram"), ("sp_bpe", "bpe")]:
+    # spm_train's defaults (words kept apart), then Llama-2's settings: whitespace runs kept, and as pieces.
+    llama2 = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
+              "allow_whitespace_only_pieces": True, "split_digits": True}
+    # And the identity rule with words apart: a "▁" typed in the text must not end a word early.
+    for name, model_type, options in [("sp_unigram", "unigram", {}), ("sp_bpe", "bpe", {}),
+                                      ("sp_llama2", "bpe", llama2),
+                                      ("sp_identity", "unigram", {"normalization_rule_name": "identity"})]:
         directory = os.path.join(staging, name)
-        processor = sentencepiece_model(directory, model_type)
+        processor = sentencepiece_model(directory, model_type, **options)
         plain = [processor.encode(line) for line in lines]
         decoded = [processor.decode(ids) for ids in plain]
         with open(os.path.join(directory, "expected.json"), "w", encoding="utf-8") as f:

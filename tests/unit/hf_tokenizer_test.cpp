@@ -142,7 +142,23 @@ TEST_P(SentencePieceReference, IdsAndDecodingEqualTheLibrarys) {
   expect_same_decoding(GetParam(), ids, expected["decoded"].get<std::vector<std::string>>(), tokenizer);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, SentencePieceReference, ::testing::Values("sp_unigram", "sp_bpe"));
+INSTANTIATE_TEST_SUITE_P(Models, SentencePieceReference,
+                         ::testing::Values("sp_unigram", "sp_bpe", "sp_llama2", "sp_identity"));
+
+// spm_train's defaults keep words apart (also with the identity rule), so bridge encodes and caches them one by one;
+// Llama-2's settings keep whitespace runs (and pieces of them), so its texts go to the library whole. The ids above
+// are the library's either way.
+TEST(SentencePieceTokenizer, EncodesWordByWordOnlyWhereTheModelKeepsWordsApart) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  EXPECT_TRUE(
+      SentencePieceTokenizer((references() / "sp_unigram" / "tokenizer.model").string()).encodes_words_separately());
+  EXPECT_TRUE(
+      SentencePieceTokenizer((references() / "sp_bpe" / "tokenizer.model").string()).encodes_words_separately());
+  EXPECT_TRUE(
+      SentencePieceTokenizer((references() / "sp_identity" / "tokenizer.model").string()).encodes_words_separately());
+  EXPECT_FALSE(
+      SentencePieceTokenizer((references() / "sp_llama2" / "tokenizer.model").string()).encodes_words_separately());
+}
 
 TEST(HuggingFaceTokenizer, BosAndEosComeFromTokenizerConfig) {
   const HuggingFaceTokenizer llama3((references() / "llama3").string());

@@ -3,7 +3,6 @@
 #include "training/tokenizers/bpe_model.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <queue>
@@ -34,20 +33,12 @@ struct Merge {
   }
 };
 
-uint64_t next_instance() {
-  static std::atomic<uint64_t> count{0};
-  return ++count;
-}
-
 }  // namespace
 
 BpeModel::BpeModel(std::unordered_map<std::string, int32_t> vocab,
                    const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options,
                    const std::string& where)
-    : vocab_(std::move(vocab)),
-      options_(std::move(options)),
-      cache_(new CacheShard[kCacheShards]),
-      instance_(next_instance()) {
+    : vocab_(std::move(vocab)), options_(std::move(options)) {
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab_) {
     if (id < 0) throw std::invalid_argument(where + ".vocab: token \"" + token + "\" has a negative id");
@@ -212,42 +203,7 @@ void BpeModel::tokenize(std::string_view word, std::vector<int64_t>& ids) const 
       return;
     }
   }
-  const bool cacheable = word.size() < kMaxCachedWordBytes;
-  if (!cacheable) {
-    std::vector<int32_t> word_ids;
-    merge_word(word, word_ids);
-    ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-    return;
-  }
-  // The thread's own cache first: the frequent words then never touch a lock. Every thread looking them up in the
-  // shared shards made two workers 1.5x one, not 2x (the hot shards' cache lines moving between the cores).
-  struct ThreadCache {
-    uint64_t instance = 0;
-    std::unordered_map<std::string, std::vector<int32_t>> words;
-  };
-  thread_local ThreadCache local;
-  if (local.instance != instance_) {
-    local.instance = instance_;
-    local.words.clear();
-  }
-  std::string key(word);
-  if (const auto hit = local.words.find(key); hit != local.words.end()) {
-    ids.insert(ids.end(), hit->second.begin(), hit->second.end());
-    return;
-  }
-  CacheShard& shard = cache_[std::hash<std::string_view>()(word) % kCacheShards];
-  std::vector<int32_t> word_ids;
-  {
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    if (const auto hit = shard.words.find(key); hit != shard.words.end()) word_ids = hit->second;
-  }
-  if (word_ids.empty()) {
-    merge_word(word, word_ids);
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    if (shard.words.size() < kCacheEntriesPerShard) shard.words.emplace(key, word_ids);
-  }
-  ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-  if (local.words.size() < kThreadCacheEntries) local.words.emplace(std::move(key), std::move(word_ids));
+  cache_.append(word, ids, [this](std::string_view w, std::vector<int32_t>& word_ids) { merge_word(w, word_ids); });
 }
 
 }  // namespace bridge::training::tokenizers

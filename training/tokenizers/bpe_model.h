@@ -2,20 +2,19 @@
 // and the options byte_fallback (<0xXX> tokens for characters outside the vocabulary), unk_token with fuse_unk,
 // ignore_merges (a whole word in the vocabulary is one token), continuing_subword_prefix and end_of_word_suffix.
 // Merges apply lowest rank first, leftmost first among equals, exactly as the library's priority queue does; each
-// word's ids are cached: each thread's own cache of the words it sees most, in front of one shared cache (sharded
-// locks) that every thread fills.
+// word's ids are cached (WordCache).
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "training/tokenizers/word_cache.h"
 
 namespace bridge::training::tokenizers {
 
@@ -60,17 +59,7 @@ class BpeModel {
   std::optional<int32_t> unk_id_;
   std::string where_;  // the JSON path, for errors while encoding
 
-  static constexpr std::size_t kCacheShards = 64;
-  static constexpr std::size_t kCacheEntriesPerShard = 4096;
-  static constexpr std::size_t kMaxCachedWordBytes = 256;
-  struct CacheShard {
-    std::mutex mutex;
-    std::unordered_map<std::string, std::vector<int32_t>> words;
-  };
-  std::unique_ptr<CacheShard[]> cache_;
-  // Tells one model's words from another's in the thread-local caches (never reused, unlike an address).
-  uint64_t instance_;
-  static constexpr std::size_t kThreadCacheEntries = 16384;
+  WordCache cache_;  // each word's ids
 };
 
 }  // namespace bridge::training::tokenizers
