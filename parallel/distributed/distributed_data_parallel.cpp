@@ -122,7 +122,6 @@ struct DistributedDataParallel::Impl {
   std::vector<torch::Tensor> params;
   std::vector<ParamSlot> slots;
   std::vector<torch::Tensor> buffers;
-  std::vector<torch::Tensor> param_buffers;  // under the distributed optimizer: the parameters' storage
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
   bool grad_sync = true;
@@ -304,7 +303,6 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
       main_grads()[params[i].unsafeGetTensorImpl()] = slot.grad;
     }
     buffers.push_back(std::move(buffer));
-    if (param_buffer.defined()) param_buffers.push_back(std::move(param_buffer));
   }
 }
 

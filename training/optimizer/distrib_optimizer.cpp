@@ -179,23 +179,22 @@ std::unordered_map<const c10::TensorImpl*, torch::Tensor> DistributedOptimizer::
   torch::NoGradGuard no_grad;
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> whole;
   for (const BucketShard& bucket : buckets_) {
-    // One bucket's parameters at a time in fp32 on the device: the staging stays one bucket's size.
-    std::vector<torch::Tensor> flat;
+    // One bucket at a time in fp32 on the device, laid out as the bucket: the staging stays one bucket's size.
+    const torch::Tensor staged = torch::zeros(
+        {bucket.shard * group_->size()}, bucket.params.front().options().dtype(torch::kFloat32).requires_grad(false));
+    const auto flat = [&](std::size_t i) { return staged.narrow(0, bucket.offsets[i], bucket.params[i].numel()); };
     std::unordered_map<const c10::TensorImpl*, std::size_t> index;
-    for (const torch::Tensor& param : bucket.params) {
-      index.emplace(param.unsafeGetTensorImpl(), flat.size());
-      flat.push_back(torch::zeros({param.numel()}, param.options().dtype(torch::kFloat32).requires_grad(false)));
-    }
+    for (std::size_t i = 0; i < bucket.params.size(); ++i) index.emplace(bucket.params[i].unsafeGetTensorImpl(), i);
     for (const Piece& piece : pieces_) {
       auto found = index.find(piece.model_param.unsafeGetTensorImpl());
       if (found == index.end()) continue;  // another bucket's
-      flat[found->second].narrow(0, piece.offset, piece.model_view.numel()).copy_(piece_value(piece));
+      flat(found->second).narrow(0, piece.offset, piece.model_view.numel()).copy_(piece_value(piece));
     }
-    exchange(bucket, [&](std::size_t i) { return flat[i]; });
+    gather_shards(bucket, staged);
     if (!keep) continue;
     for (std::size_t i = 0; i < bucket.params.size(); ++i) {
       whole.emplace(bucket.params[i].unsafeGetTensorImpl(),
-                    flat[i].view(bucket.params[i].sizes()).to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+                    flat(i).view(bucket.params[i].sizes()).to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
     }
   }
   return whole;
@@ -303,36 +302,19 @@ void DistributedOptimizer::load_state(torch::optim::Optimizer& optimizer, const 
   }
 }
 
-// In windows of at most kGatherWindow elements: the staging tensors (this rank's window and the d gathered ones) stay
-// small next to the model.
-void DistributedOptimizer::exchange(const BucketShard& bucket,
-                                    const std::function<torch::Tensor(std::size_t)>& flat) const {
+// In windows of at most kGatherWindow elements a rank, each gathered straight into `staged` (c10d stages a window, so
+// its staging stays small next to the model), as DistributedDataParallel gathers the parameters.
+void DistributedOptimizer::gather_shards(const BucketShard& bucket, const torch::Tensor& staged) const {
   constexpr int64_t kGatherWindow = int64_t{1} << 22;
   if (group_->size() == 1) return;
-  // visit(the elements, position in the window) for the bucket's elements [begin, end).
-  const auto for_range = [&](int64_t begin, int64_t end, const auto& visit) {
-    end = std::min(end, bucket.numel);
-    for (std::size_t i = 0; i < bucket.params.size(); ++i) {
-      const int64_t first = std::max(begin, bucket.offsets[i]);
-      const int64_t last = std::min(end, bucket.offsets[i] + bucket.params[i].numel());
-      if (first >= last) continue;
-      visit(flat(i).narrow(0, first - bucket.offsets[i], last - first), first - begin);
-    }
-  };
-  const int64_t me = group_->rank();
   for (int64_t at = 0; at < bucket.shard; at += kGatherWindow) {
-    const int64_t window = std::min(kGatherWindow, bucket.shard - at);
-    torch::Tensor mine = torch::zeros({window}, flat(0).options().requires_grad(false));
-    for_range(me * bucket.shard + at, me * bucket.shard + at + window,
-              [&](const torch::Tensor& elements, int64_t to) { mine.narrow(0, to, elements.numel()).copy_(elements); });
-    const std::vector<torch::Tensor> windows = group_->all_gather(mine);
+    const int64_t width = std::min(kGatherWindow, bucket.shard - at);
+    std::vector<torch::Tensor> outputs;
     for (int64_t rank = 0; rank < group_->size(); ++rank) {
-      if (rank == me) continue;
-      const torch::Tensor& theirs = windows[static_cast<std::size_t>(rank)];
-      for_range(rank * bucket.shard + at, rank * bucket.shard + at + window, [&](torch::Tensor elements, int64_t from) {
-        elements.copy_(theirs.narrow(0, from, elements.numel()));
-      });
+      outputs.push_back(staged.narrow(0, rank * bucket.shard + at, width));
     }
+    const torch::Tensor own = outputs[static_cast<std::size_t>(group_->rank())];
+    group_->all_gather_async(std::move(outputs), own).wait();
   }
 }
 

@@ -106,9 +106,8 @@ class DistributedOptimizer {
     int64_t numel = 0;                  // elements of the bucket
     int64_t shard = 0;                  // elements per rank, ceil(numel / dp)
   };
-  // Every rank sends its elements of `bucket` and takes the others': flat(i) is the flattened tensor of the bucket's
-  // i-th parameter that this rank's elements are read from and the others' written into.
-  void exchange(const BucketShard& bucket, const std::function<torch::Tensor(std::size_t)>& flat) const;
+  // Every rank's shard of `staged` (a bucket's elements, this rank's own filled in) into every rank's copy.
+  void gather_shards(const BucketShard& bucket, const torch::Tensor& staged) const;
 
   parallel::ProcessGroup* group_;
   std::optional<GradScaler> grad_scaler_;

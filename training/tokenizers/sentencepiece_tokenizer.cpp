@@ -150,11 +150,11 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
   }
   // A word starts where a run of spaces does ("a  b" is "a" and "  b"; under the NMT rules also a run of tabs and
   // line breaks): the normalizer folds the run into the "▁" that begins the word's first piece, in the text as in the
-  // word alone (the dummy prefix). The words of a text not
-  // cached yet are encoded together, in one library call (each call costs Debian's 0.1.97 a protobuf), and the ids
-  // split where a piece begins with "▁". Only words of printable ASCII after their spaces go in that call: each
-  // normalizes to one "▁" and something after it under the library's rules, so each begins exactly one such piece;
-  // if the count comes out otherwise, they are encoded one by one.
+  // word alone (the dummy prefix). The words of a text not cached yet are encoded together, in one library call
+  // (each call costs Debian's 0.1.97 a protobuf), and the ids split where a piece begins with "▁". Only words of
+  // printable ASCII after their spaces go in that call: each normalizes to one "▁" and something after it under the
+  // library's rules, so each begins exactly one such piece; if the count comes out otherwise, they are encoded one by
+  // one.
   const auto is_space = [this](char c) { return word_starts_.find(c) != std::string::npos; };
   const auto encode_word = [this](std::string_view word, std::vector<int32_t>& word_ids) {
     encode_whole(word, word_ids);
