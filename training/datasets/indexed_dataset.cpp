@@ -344,14 +344,6 @@ std::vector<int64_t> IndexedDataset::get(int64_t index, int64_t offset, int64_t 
   return tokens;
 }
 
-torch::Tensor IndexedDataset::get_tensor(int64_t index, int64_t offset, int64_t length) const {
-  if (length == -1 && index >= 0 && index < size())
-    length = sequence_lengths_[static_cast<std::size_t>(index)] - offset;
-  torch::Tensor tokens = torch::empty({std::max<int64_t>(length, 0)}, torch::kLong);
-  read(index, offset, length, tokens.data_ptr<int64_t>());
-  return tokens;
-}
-
 IndexedDatasetBuilder::IndexedDatasetBuilder(std::string path_prefix, DType dtype)
     : path_prefix_(std::move(path_prefix)), dtype_(dtype) {
   if (!is_valid_code(static_cast<uint8_t>(dtype)) || !is_integer(dtype)) {

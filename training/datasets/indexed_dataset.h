@@ -11,8 +11,6 @@
 //   std::vector<int64_t> tokens = dataset.get(/*index=*/0, /*offset=*/1, /*length=*/3);
 #pragma once
 
-#include <torch/torch.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -86,8 +84,6 @@ class IndexedDataset {
   /// Tokens [offset, offset + length) of sequence `index`; length -1 = to the end of the sequence. Throws
   /// std::out_of_range when the range is not inside the sequence.
   std::vector<int64_t> get(int64_t index, int64_t offset = 0, int64_t length = -1) const;
-  /// get() as a 1-D int64 tensor.
-  torch::Tensor get_tensor(int64_t index, int64_t offset = 0, int64_t length = -1) const;
   /// get() into caller memory: writes `length` (>= 0) tokens to `out` and returns the number written.
   int64_t read(int64_t index, int64_t offset, int64_t length, int64_t* out) const;
 
