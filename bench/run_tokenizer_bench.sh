@@ -7,7 +7,8 @@
 #   sp-bpe     bridge's SentencePieceTokenizer (libsentencepiece) | the sentencepiece package, a 16k BPE model
 # bench/tokenizer_bench.py makes the corpus (English from /usr/share/doc, 20 MB by default) and trains the tokenizers
 # with the real libraries. Each row prints MB/s of text (median of --rounds, min-max), and whether every id of each
-# side equals the library's (the sha256 of the ids as .bin holds them). Builds nothing: build bridge-preprocess-data.
+# side equals the library's (the sha256 of the ids as .bin holds them), then bridge's 2-thread median over its
+# 1-thread one; each round runs both thread counts back to back. Builds nothing: build bridge-preprocess-data.
 #
 # Usage: bench/run_tokenizer_bench.sh [--build DIR] [--megabytes N] [--rounds N] [--work DIR] [--rows "gpt2-bpe ..."]
 set -euo pipefail
@@ -66,22 +67,31 @@ for row in $rows; do
     hf-bpe) flags=(HuggingFaceTokenizer --tokenizer-model "$work/bpe"); libraries=(tokenizers tiktoken) ;;
     sp-bpe) flags=(SentencePieceTokenizer --tokenizer-model "$work/sp/tokenizer.model"); libraries=(sentencepiece) ;;
   esac
-  for threads in 1 2; do
-    declare -A speeds=() digests=()
-    for ((r = 0; r < rounds; r++)); do
+  # Each round runs 1 and 2 threads back to back, so that the machine's drift (shared cores) falls on both alike.
+  declare -A speeds=() digests=()
+  for ((r = 0; r < rounds; r++)); do
+    for threads in 1 2; do
       read -r speed digest < <(bridge_run "${flags[0]}" "$threads" "${flags[@]:1}")
-      speeds[bridge]+="$speed "; digests[bridge]=$digest
+      speeds[bridge$threads]+="$speed "; digests[bridge$threads]=$digest
       for library in "${libraries[@]}"; do
         read -r speed digest < <(library_run "$library" "$threads")
-        speeds[$library]+="$speed "; digests[$library]=$digest
+        speeds[$library$threads]+="$speed "; digests[$library$threads]=$digest
       done
     done
-    equal=yes
-    for library in "${libraries[@]}"; do [[ ${digests[$library]} == "${digests[bridge]}" ]] || equal="NO ($library)"; done
-    # shellcheck disable=SC2086
-    printf "%-9s %-8s %-22s %-22s %-22s %s\n" "$row" "$threads" "$(summary ${speeds[bridge]})" \
-      "$(summary ${speeds[${libraries[0]}]})" \
-      "$( [[ ${#libraries[@]} -gt 1 ]] && summary ${speeds[tiktoken]} || echo -)" "$equal"
-    unset speeds digests
   done
+  for threads in 1 2; do
+    equal=yes
+    for library in "${libraries[@]}"; do
+      [[ ${digests[$library$threads]} == "${digests[bridge$threads]}" ]] || equal="NO ($library)"
+    done
+    # shellcheck disable=SC2086
+    printf "%-9s %-8s %-22s %-22s %-22s %s\n" "$row" "$threads" "$(summary ${speeds[bridge$threads]})" \
+      "$(summary ${speeds[${libraries[0]}$threads]})" \
+      "$( [[ ${#libraries[@]} -gt 1 ]] && summary ${speeds[tiktoken$threads]} || echo -)" "$equal"
+  done
+  # shellcheck disable=SC2086
+  printf "%-9s 2 vs 1   bridge %.2fx\n" "$row" \
+    "$(awk -v a="$(summary ${speeds[bridge2]} | cut -d' ' -f1)" -v b="$(summary ${speeds[bridge1]} | cut -d' ' -f1)" \
+       'BEGIN { print a / b }')"
+  unset speeds digests
 done

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "tests/unit/datasets_test_support.h"
 #include "training/tokenizers/build_tokenizer.h"
 #include "training/tokenizers/byte_level_tokenizer.h"
 #include "training/tokenizers/gpt2_bpe_tokenizer.h"
 #include "training/tokenizers/unicode_classes.h"
+#include "training/tokenizers/word_cache.h"
 
 namespace bridge::training::tokenizers {
 namespace {
@@ -184,6 +187,66 @@ TEST(BuildTokenizerTest, NamesAndSuggestions) {
   EXPECT_THAT([&] { validate_tokenizer_config(config, "tokenizer."); },
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("needs tokenizer.vocab_size")));
   EXPECT_THROW(build("GPT2BPETokenizer"), std::invalid_argument);  // no vocab or merges
+}
+
+// Distinct words with distinct ids: word i is "w<i>" with ids {i, i + 1, ..., i % 5 more}.
+std::string cache_word(int i) { return "w" + std::to_string(i); }
+std::vector<int32_t> cache_ids(int i) {
+  std::vector<int32_t> ids;
+  for (int k = 0; k <= i % 5; ++k) ids.push_back(i + k);
+  return ids;
+}
+std::vector<int64_t> found(const WordCache& cache, std::string_view word) {
+  std::vector<int64_t> ids{-1};  // find appends
+  if (!cache.find(word, ids)) return {};
+  return std::vector<int64_t>(ids.begin() + 1, ids.end());
+}
+std::vector<int64_t> widened(const std::vector<int32_t>& ids) { return std::vector<int64_t>(ids.begin(), ids.end()); }
+
+TEST(WordCacheTest, FindsEachWordsOwnIdsAndNothingElse) {
+  WordCache cache;
+  cache.insert("ab", {1, 2});
+  cache.insert("abc", {3});
+  cache.insert("abd", {4, 5, 6});
+  cache.insert("ab", {9});  // already there: the first ids stay
+  EXPECT_EQ(found(cache, "ab"), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(found(cache, "abc"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(found(cache, "abd"), (std::vector<int64_t>{4, 5, 6}));
+  std::vector<int64_t> ids;
+  for (const std::string_view missing : {"a", "abcd", "ba", "Ab", ""})
+    EXPECT_FALSE(cache.find(missing, ids)) << missing;
+  const std::string long_word(WordCache::kMaxWordBytes, 'x');  // too long to cache: computed every time
+  cache.insert(long_word, {7});
+  EXPECT_FALSE(cache.find(long_word, ids));
+  EXPECT_TRUE(ids.empty());
+  int computed = 0;
+  const auto compute = [&](std::string_view, std::vector<int32_t>& out) { out = {++computed}; };
+  cache.append("new", ids, compute);
+  cache.append("new", ids, compute);
+  EXPECT_EQ(ids, (std::vector<int64_t>{1, 1}));
+}
+
+// More words than a thread keeps, looked up from this thread, from another one and after this thread's table served
+// a second cache: every word is found with its own ids (the shared shards hold what the thread tables do not).
+TEST(WordCacheTest, EveryThreadFindsEveryWordPastItsOwnTable) {
+  const int words = static_cast<int>(WordCache::kThreadWords) + 5000;
+  WordCache cache;
+  for (int i = 0; i < words; ++i) cache.insert(cache_word(i), cache_ids(i));
+  const auto check_all = [&](const char* where) {
+    int wrong = 0;
+    for (int i = 0; i < words; ++i) wrong += found(cache, cache_word(i)) != widened(cache_ids(i));
+    EXPECT_EQ(wrong, 0) << where;
+  };
+  check_all("this thread");
+  std::thread([&] {
+    check_all("another thread, twice");
+    check_all("another thread, twice");
+  }).join();
+  WordCache other;
+  other.insert("w1", {42});
+  EXPECT_EQ(found(other, "w1"), (std::vector<int64_t>{42}));
+  check_all("this thread, after a second cache");
+  EXPECT_EQ(found(other, "w1"), (std::vector<int64_t>{42}));
 }
 
 }  // namespace

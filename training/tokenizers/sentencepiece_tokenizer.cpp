@@ -123,6 +123,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, st
   }
   vocab_size_ = processor_->GetPieceSize();
   word_starts_ = word_starts(*processor_);
+  for (const char c : word_starts_) is_word_start_[static_cast<unsigned char>(c)] = true;
   starts_word_.resize(static_cast<std::size_t>(vocab_size_));
   for (int id = 0; id < vocab_size_; ++id) {
     starts_word_[static_cast<std::size_t>(id)] = processor_->IdToPiece(id).rfind(kMeta, 0) == 0;
@@ -155,7 +156,7 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
   // printable ASCII after their spaces go in that call: each normalizes to one "▁" and something after it under the
   // library's rules, so each begins exactly one such piece; if the count comes out otherwise, they are encoded one by
   // one.
-  const auto is_space = [this](char c) { return word_starts_.find(c) != std::string::npos; };
+  const auto is_space = [this](char c) { return is_word_start_[static_cast<unsigned char>(c)]; };
   const auto encode_word = [this](std::string_view word, std::vector<int32_t>& word_ids) {
     encode_whole(word, word_ids);
   };
@@ -167,18 +168,21 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
     if (i < text.size() && !(is_space(text[i]) && !is_space(text[i - 1]))) continue;
     const std::string_view word = text.substr(start, i - start);
     start = i;
-    if (cache_.find(word, ids)) continue;
+    // The spaces before a word fold into the "▁" its text alone gets as the dummy prefix: "\n  word" has the ids of
+    // "word", which is the key (spaces alone, as at a text's end, are their own key).
     std::size_t body = 0;
     while (body < word.size() && is_space(word[body])) ++body;
-    const bool plain = body < word.size() && word.size() < WordCache::kMaxWordBytes &&
-                       std::all_of(word.begin() + static_cast<std::ptrdiff_t>(body), word.end(),
-                                   [](char c) { return c > ' ' && c < 0x7f; });
+    const std::string_view key = body < word.size() ? word.substr(body) : word;
+    if (cache_.find(key, ids)) continue;
+    const bool plain = body < word.size() && key.size() < WordCache::kMaxWordBytes &&
+                       std::all_of(key.begin(), key.end(), [](char c) { return c > ' ' && c < 0x7f; });
     if (!plain) {
-      cache_.append(word, ids, encode_word);
+      cache_.append(key, ids, encode_word);
       continue;
     }
-    missing += word;
-    missing_words.push_back(word);
+    missing += ' ';
+    missing += key;
+    missing_words.push_back(key);
     missing_at.push_back(ids.size());
   }
   if (missing_words.empty()) return ids;
@@ -208,7 +212,7 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
                   ids.begin() + static_cast<std::ptrdiff_t>(missing_at[w]));
     from = missing_at[w];
     merged.insert(merged.end(), split[w].begin(), split[w].end());
-    cache_.insert(missing_words[w], std::move(split[w]));
+    cache_.insert(missing_words[w], split[w]);
   }
   merged.insert(merged.end(), ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
   return merged;

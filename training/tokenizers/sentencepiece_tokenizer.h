@@ -5,14 +5,17 @@
 //
 // Where the model keeps words apart (its normalizer folds whitespace runs into one "▁" and adds the dummy prefix, and
 // no piece holds "▁" past its first character, as spm_train's defaults make it), the ids of a text are those of its
-// space-led words one by one: "a  b" encodes as "a" then "  b". Each word is then encoded once and its ids cached
-// (WordCache), as the BPE paths do; Debian's libsentencepiece 0.1.97 builds a protobuf for every call, which made
-// it half the Python package's speed. Other models (Llama-2's keeps whitespace runs as pieces) encode each text whole.
+// space-led words one by one: "a  b" encodes as "a" then "  b", and a word's ids are those of its text after the
+// spaces ("b": the run folds into the one "▁" the dummy prefix gives). Each word is then encoded once and its ids
+// cached (WordCache) under that text, as the BPE paths do; Debian's libsentencepiece 0.1.97 builds a protobuf for every
+// call, which made it half the Python package's speed. Other models (Llama-2's keeps whitespace runs as pieces) encode
+// each text whole.
 //
 //   SentencePieceTokenizer tokenizer("llama2/tokenizer.model");
 //   std::vector<int64_t> ids = tokenizer.encode("Hello world");
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,8 +51,9 @@ class SentencePieceTokenizer : public Tokenizer {
   std::string model_file_, type_name_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
   int64_t vocab_size_ = 0;
-  std::string word_starts_;        // the characters a word may start with; empty: texts go whole
-  std::vector<bool> starts_word_;  // by id: whether the piece begins with U+2581
+  std::string word_starts_;                // the characters a word may start with; empty: texts go whole
+  std::array<bool, 256> is_word_start_{};  // by byte: whether it is in word_starts_
+  std::vector<bool> starts_word_;          // by id: whether the piece begins with U+2581
   WordCache cache_;
 };
 

@@ -1,8 +1,12 @@
-// WordCache: the thread's own words and the shared shards behind them.
+// WordCache: the thread's own words and the shared shards behind them, each a WordTable.
 #include "training/tokenizers/word_cache.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
+#include <mutex>
+#include <utility>
 
 namespace bridge::training::tokenizers {
 namespace {
@@ -12,14 +16,93 @@ uint64_t next_instance() {
   return ++count;
 }
 
+uint64_t hash_of(std::string_view word) { return std::hash<std::string_view>()(word); }
+
 }  // namespace
+
+// Words and their ids in one flat table: linear probing over a power-of-two array of 16-byte slots, at most half
+// full, never erased from (cleared whole); a slot holds the hash's high half and where the word's bytes and ids lie
+// in two arrays. It starts small and doubles as it fills, up to a number of words. Not thread-safe.
+class WordCache::WordTable {
+ public:
+  WordTable(std::size_t initial_slots, std::size_t max_words) : max_words_(max_words), slots_(initial_slots) {}
+
+  // Empties the table, keeping its memory.
+  void clear() {
+    if (size_ == 0) return;
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    bytes_.clear();
+    ids_.clear();
+    size_ = 0;
+  }
+
+  // The ids of `word` ({nullptr, 0} when it is not in the table), valid until the next insert or clear.
+  std::pair<const int32_t*, std::size_t> find(std::string_view word, uint64_t hash) const {
+    for (std::size_t at = hash & mask();; at = (at + 1) & mask()) {
+      const Slot& slot = slots_[at];
+      if (slot.word_size == 0) return {nullptr, 0};
+      if (matches(slot, word, hash)) return {ids_.data() + slot.ids, slot.ids_size};
+    }
+  }
+
+  // Adds `word` (not empty, under kMaxWordBytes) unless the table has it or is full.
+  void insert(std::string_view word, uint64_t hash, const int32_t* word_ids, std::size_t count) {
+    if (size_ >= max_words_ || count > UINT16_MAX) return;
+    std::size_t at = hash & mask();
+    for (; slots_[at].word_size != 0; at = (at + 1) & mask()) {
+      if (matches(slots_[at], word, hash)) return;
+    }
+    slots_[at] =
+        Slot{static_cast<uint32_t>(hash >> 32), static_cast<uint32_t>(bytes_.size()),
+             static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(word.size()), static_cast<uint16_t>(count)};
+    bytes_.append(word);
+    ids_.insert(ids_.end(), word_ids, word_ids + count);
+    if (2 * ++size_ >= slots_.size()) grow();
+  }
+
+ private:
+  struct Slot {
+    uint32_t tag = 0, word = 0, ids = 0;
+    uint16_t word_size = 0, ids_size = 0;  // word_size 0: empty
+  };
+  std::size_t mask() const { return slots_.size() - 1; }
+  bool matches(const Slot& slot, std::string_view word, uint64_t hash) const {
+    return slot.tag == static_cast<uint32_t>(hash >> 32) && slot.word_size == word.size() &&
+           std::memcmp(bytes_.data() + slot.word, word.data(), word.size()) == 0;
+  }
+  // Doubles the slots (the words' hashes again from their bytes), unless they already fit max_words_.
+  void grow() {
+    if (slots_.size() >= 2 * max_words_) return;
+    std::vector<Slot> old(2 * slots_.size());
+    old.swap(slots_);
+    for (const Slot& slot : old) {
+      if (slot.word_size == 0) continue;
+      std::size_t at = hash_of(std::string_view(bytes_.data() + slot.word, slot.word_size)) & mask();
+      while (slots_[at].word_size != 0) at = (at + 1) & mask();
+      slots_[at] = slot;
+    }
+  }
+
+  std::size_t max_words_;
+  std::vector<Slot> slots_;
+  std::string bytes_;
+  std::vector<int32_t> ids_;
+  std::size_t size_ = 0;
+};
+
+struct WordCache::Shard {
+  std::mutex mutex;
+  WordTable words{64, kWordsPerShard};
+};
 
 WordCache::WordCache() : shards_(new Shard[kShards]), instance_(next_instance()) {}
 
-std::unordered_map<std::string, std::vector<int32_t>>& WordCache::thread_words() const {
+WordCache::~WordCache() = default;
+
+WordCache::WordTable& WordCache::thread_words() const {
   struct ThreadWords {
     uint64_t instance = 0;
-    std::unordered_map<std::string, std::vector<int32_t>> words;
+    WordTable words{1024, kThreadWords};
   };
   thread_local ThreadWords local;
   if (local.instance != instance_) {
@@ -29,37 +112,37 @@ std::unordered_map<std::string, std::vector<int32_t>>& WordCache::thread_words()
   return local.words;
 }
 
+// The shard of a hash: bits that neither the tables' slot index (the low ones) nor their tag (the high half) use.
+WordCache::Shard& WordCache::shard_of(uint64_t hash) const { return shards_[(hash >> 24) % kShards]; }
+
 bool WordCache::find(std::string_view word, std::vector<int64_t>& ids) const {
-  if (word.size() >= kMaxWordBytes) return false;
-  std::unordered_map<std::string, std::vector<int32_t>>& local = thread_words();
-  std::string key(word);
-  if (const auto hit = local.find(key); hit != local.end()) {
-    ids.insert(ids.end(), hit->second.begin(), hit->second.end());
+  if (word.empty() || word.size() >= kMaxWordBytes) return false;
+  WordTable& local = thread_words();
+  const uint64_t hash = hash_of(word);
+  if (const auto [found, count] = local.find(word, hash); found != nullptr) {
+    ids.insert(ids.end(), found, found + count);
     return true;
   }
-  std::vector<int32_t> word_ids;
+  thread_local std::vector<int32_t> shared;  // the shard's ids, copied out under its lock
   {
-    Shard& shard = shards_[std::hash<std::string_view>()(word) % kShards];
+    Shard& shard = shard_of(hash);
     std::lock_guard<std::mutex> lock(shard.mutex);
-    const auto hit = shard.words.find(key);
-    if (hit == shard.words.end()) return false;
-    word_ids = hit->second;
+    const auto [found, count] = shard.words.find(word, hash);
+    if (found == nullptr) return false;
+    shared.assign(found, found + count);
   }
-  ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-  if (local.size() < kThreadEntries) local.emplace(std::move(key), std::move(word_ids));
+  ids.insert(ids.end(), shared.begin(), shared.end());
+  local.insert(word, hash, shared.data(), shared.size());
   return true;
 }
 
-void WordCache::insert(std::string_view word, std::vector<int32_t> word_ids) const {
-  if (word.size() >= kMaxWordBytes) return;
-  std::string key(word);
-  {
-    Shard& shard = shards_[std::hash<std::string_view>()(word) % kShards];
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    if (shard.words.size() < kEntriesPerShard) shard.words.emplace(key, word_ids);
-  }
-  std::unordered_map<std::string, std::vector<int32_t>>& local = thread_words();
-  if (local.size() < kThreadEntries) local.emplace(std::move(key), std::move(word_ids));
+void WordCache::insert(std::string_view word, const std::vector<int32_t>& word_ids) const {
+  if (word.empty() || word.size() >= kMaxWordBytes) return;
+  const uint64_t hash = hash_of(word);
+  thread_words().insert(word, hash, word_ids.data(), word_ids.size());
+  Shard& shard = shard_of(hash);
+  std::lock_guard<std::mutex> lock(shard.mutex);
+  shard.words.insert(word, hash, word_ids.data(), word_ids.size());
 }
 
 }  // namespace bridge::training::tokenizers
