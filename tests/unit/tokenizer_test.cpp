@@ -224,6 +224,16 @@ TEST(WordCacheTest, FindsEachWordsOwnIdsAndNothingElse) {
   cache.append("new", ids, compute);
   cache.append("new", ids, compute);
   EXPECT_EQ(ids, (std::vector<int64_t>{1, 1}));
+
+  WordCache spaces;  // a word without ids (spaces alone, to SentencePiece) is cached too, as the first word as later
+  spaces.insert("  ", {});
+  spaces.insert("x", {5});
+  spaces.insert("   ", {});
+  for (const std::string_view word : {"  ", "   "}) {
+    EXPECT_TRUE(spaces.find(word, ids)) << "'" << word << "'";
+    std::thread([&] { EXPECT_TRUE(spaces.find(word, ids)) << "'" << word << "' from another thread"; }).join();
+  }
+  EXPECT_EQ(ids, (std::vector<int64_t>{1, 1}));
 }
 
 // More words than a thread keeps, looked up from this thread, from another one and after this thread's table served

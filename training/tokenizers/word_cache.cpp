@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 namespace bridge::training::tokenizers {
@@ -36,12 +37,13 @@ class WordCache::WordTable {
     size_ = 0;
   }
 
-  // The ids of `word` ({nullptr, 0} when it is not in the table), valid until the next insert or clear.
-  std::pair<const int32_t*, std::size_t> find(std::string_view word, uint64_t hash) const {
+  // Where the ids of `word` lie (valid until the next insert or clear), or nothing when it is not in the table. A
+  // word may have no ids (spaces alone, to SentencePiece).
+  std::optional<std::pair<const int32_t*, std::size_t>> find(std::string_view word, uint64_t hash) const {
     for (std::size_t at = hash & mask();; at = (at + 1) & mask()) {
       const Slot& slot = slots_[at];
-      if (slot.word_size == 0) return {nullptr, 0};
-      if (matches(slot, word, hash)) return {ids_.data() + slot.ids, slot.ids_size};
+      if (slot.word_size == 0) return std::nullopt;
+      if (matches(slot, word, hash)) return std::make_pair(ids_.data() + slot.ids, std::size_t{slot.ids_size});
     }
   }
 
@@ -119,17 +121,17 @@ bool WordCache::find(std::string_view word, std::vector<int64_t>& ids) const {
   if (word.empty() || word.size() >= kMaxWordBytes) return false;
   WordTable& local = thread_words();
   const uint64_t hash = hash_of(word);
-  if (const auto [found, count] = local.find(word, hash); found != nullptr) {
-    ids.insert(ids.end(), found, found + count);
+  if (const auto found = local.find(word, hash)) {
+    ids.insert(ids.end(), found->first, found->first + found->second);
     return true;
   }
   thread_local std::vector<int32_t> shared;  // the shard's ids, copied out under its lock
   {
     Shard& shard = shard_of(hash);
     std::lock_guard<std::mutex> lock(shard.mutex);
-    const auto [found, count] = shard.words.find(word, hash);
-    if (found == nullptr) return false;
-    shared.assign(found, found + count);
+    const auto found = shard.words.find(word, hash);
+    if (!found) return false;
+    shared.assign(found->first, found->first + found->second);
   }
   ids.insert(ids.end(), shared.begin(), shared.end());
   local.insert(word, hash, shared.data(), shared.size());
