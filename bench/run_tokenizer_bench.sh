@@ -5,6 +5,7 @@
 #   gpt2-bpe   bridge's GPT2BPETokenizer (vocab.json + merges.txt) | tokenizers, tiktoken on the same 16k BPE
 #   hf-bpe     bridge's HuggingFaceTokenizer on that BPE's tokenizer.json | the same
 #   sp-bpe     bridge's SentencePieceTokenizer (libsentencepiece) | the sentencepiece package, a 16k BPE model
+#   sp-llama2  bridge's Llama2Tokenizer | the same, a 16k BPE with Llama-2's settings (whitespace runs kept)
 # bench/tokenizer_bench.py makes the corpus (English from /usr/share/doc, 20 MB by default) and trains the tokenizers
 # with the real libraries. Each row prints MB/s of text (median of --rounds, min-max), and whether every id of each
 # side equals the library's (the sha256 of the ids as .bin holds them), then bridge's 2-thread median over its
@@ -16,7 +17,7 @@ build=build
 megabytes=20
 rounds=3
 work=/tmp/bridge_tokenizer_bench
-rows="gpt2-bpe hf-bpe sp-bpe"
+rows="gpt2-bpe hf-bpe sp-bpe sp-llama2"
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -35,7 +36,8 @@ preprocess="$build/tools/bridge-preprocess-data"
 mkdir -p "$work"
 corpus="$work/corpus_${megabytes}mb.jsonl"
 [[ -s "$corpus" ]] || "$python" bench/tokenizer_bench.py corpus "$corpus" "$megabytes"
-[[ -s "$work/sp/tokenizer.model" ]] || "$python" bench/tokenizer_bench.py train "$corpus" "$work"
+[[ -s "$work/sp/tokenizer.model" && -s "$work/sp_llama2/tokenizer.model" ]] ||
+  "$python" bench/tokenizer_bench.py train "$corpus" "$work"
 bytes=$("$python" -c "import json,sys; print(sum(len(json.loads(l)['text'].encode()) for l in open(sys.argv[1])))" "$corpus")
 echo "corpus: $corpus, $bytes bytes of text; CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
 
@@ -66,6 +68,9 @@ for row in $rows; do
               libraries=(tokenizers tiktoken) ;;
     hf-bpe) flags=(HuggingFaceTokenizer --tokenizer-model "$work/bpe"); libraries=(tokenizers tiktoken) ;;
     sp-bpe) flags=(SentencePieceTokenizer --tokenizer-model "$work/sp/tokenizer.model"); libraries=(sentencepiece) ;;
+    sp-llama2) flags=(Llama2Tokenizer --tokenizer-model "$work/sp_llama2/tokenizer.model")
+               libraries=(sentencepiece-llama2) ;;
+    *) echo "unknown row $row (gpt2-bpe hf-bpe sp-bpe sp-llama2)" >&2; exit 2 ;;
   esac
   # Each round runs 1 and 2 threads back to back, so that the machine's drift (shared cores) falls on both alike.
   declare -A speeds=() digests=()

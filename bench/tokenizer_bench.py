@@ -8,10 +8,12 @@ libraries' own speed on them.
   tokenizer_bench.py train CORPUS.jsonl DIR
       Trains on the corpus, with the real libraries: a 16k byte-level BPE with GPT-2's split (tokenizers), saved as
       DIR/bpe/tokenizer.json and as GPT-2's DIR/bpe/vocab.json + merges.txt (the same tokenizer both ways); a 16k
-      SentencePiece BPE, DIR/sp/tokenizer.model.
+      SentencePiece BPE with spm_train's defaults, DIR/sp/tokenizer.model; one with Llama-2's settings (the identity
+      rule, whitespace runs kept and whitespace-only pieces, digits split), DIR/sp_llama2/tokenizer.model. What
+      exists already is kept.
   tokenizer_bench.py time CORPUS.jsonl DIR LIBRARY THREADS
       LIBRARY tokenizers (Tokenizer.encode_batch), tiktoken (encode_ordinary_batch, the BPE's ranks and GPT-2's
-      pattern) or sentencepiece (encode with num_threads) on the corpus's texts, already in memory, with THREADS
+      pattern), sentencepiece or sentencepiece-llama2 (encode with num_threads) on the corpus's texts, already in memory, with THREADS
       threads. Prints "LIBRARY threads=N mb_per_s=X tokens=T sha256=H": H digests every document's ids followed by the
       end-of-document id as little-endian uint16, which is what bridge-preprocess-data --append-eod writes to .bin.
 """
@@ -77,29 +79,35 @@ def train(corpus_path, out):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     lines = texts(corpus_path)
     bpe_dir = os.path.join(out, "bpe")
-    os.makedirs(bpe_dir, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=16000, special_tokens=[EOD], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(lines, trainer)
-    tokenizer.save(os.path.join(bpe_dir, "tokenizer.json"))
-    tokenizer.model.save(bpe_dir)  # vocab.json + merges.txt, GPT-2's files
-    with open(os.path.join(bpe_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOD}, f)
+    if not os.path.exists(os.path.join(bpe_dir, "tokenizer_config.json")):
+        os.makedirs(bpe_dir, exist_ok=True)
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=16000, special_tokens=[EOD], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator(lines, trainer)
+        tokenizer.save(os.path.join(bpe_dir, "tokenizer.json"))
+        tokenizer.model.save(bpe_dir)  # vocab.json + merges.txt, GPT-2's files
+        with open(os.path.join(bpe_dir, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOD}, f)
 
     import sentencepiece as spm
-    sp_dir = os.path.join(out, "sp")
-    os.makedirs(sp_dir, exist_ok=True)
-    sample = os.path.join(sp_dir, "sample.txt")
-    with open(sample, "w", encoding="utf-8") as f:
-        for text in lines[::4]:
-            f.write(text.replace("\n", " ") + "\n")
-    spm.SentencePieceTrainer.train(input=sample, model_prefix=os.path.join(sp_dir, "tokenizer"), vocab_size=16000,
-                                   model_type="bpe", byte_fallback=True, num_threads=2, minloglevel=2,
-                                   input_sentence_size=200000, shuffle_input_sentence=True)
-    os.remove(sample)
+    llama2 = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
+              "allow_whitespace_only_pieces": True, "split_digits": True}
+    for name, options in [("sp", {}), ("sp_llama2", llama2)]:
+        sp_dir = os.path.join(out, name)
+        if os.path.exists(os.path.join(sp_dir, "tokenizer.model")):
+            continue
+        os.makedirs(sp_dir, exist_ok=True)
+        sample = os.path.join(sp_dir, "sample.txt")
+        with open(sample, "w", encoding="utf-8") as f:
+            for text in lines[::4]:
+                f.write(text.replace("\n", " ") + "\n")
+        spm.SentencePieceTrainer.train(input=sample, model_prefix=os.path.join(sp_dir, "tokenizer"), vocab_size=16000,
+                                       model_type="bpe", byte_fallback=True, num_threads=2, minloglevel=2,
+                                       input_sentence_size=200000, shuffle_input_sentence=True, **options)
+        os.remove(sample)
 
 
 def tiktoken_encoding(bpe_dir):
@@ -134,9 +142,10 @@ def time_library(corpus_path, directory, library, threads):
         encoding, eod = tiktoken_encoding(os.path.join(directory, "bpe"))
         start = time.perf_counter()
         ids = encoding.encode_ordinary_batch(lines, num_threads=threads)
-    elif library == "sentencepiece":
+    elif library in ("sentencepiece", "sentencepiece-llama2"):
         import sentencepiece as spm
-        processor = spm.SentencePieceProcessor(model_file=os.path.join(directory, "sp", "tokenizer.model"))
+        model = "sp" if library == "sentencepiece" else "sp_llama2"
+        processor = spm.SentencePieceProcessor(model_file=os.path.join(directory, model, "tokenizer.model"))
         eod = processor.eos_id()
         start = time.perf_counter()
         ids = processor.encode(lines, num_threads=threads)

@@ -98,7 +98,9 @@ def hard_text():
               # U+180E is not White_Space (Oniguruma, Rust) though PCRE2's \s takes it; joiners, marks and
               # superscripts around a single_word token; an rstrip token before a whitespace token.
               "a \u180e\u180eb", "\u180e\u180e\u180ea", "a\u180eb c", "\u200dthe", "the\u200c", "\u0301the x",
-              "x²the", "<m> \nx", "a<m>\n\nb", "<m>  \n"]
+              "x²the", "<m> \nx", "a<m>\n\nb", "<m>  \n",
+              # Where SentencePiece's words start and end when whitespace is kept (Llama-2's models) or folded.
+              "a ", "a  ", " a", "  a b  ", "x  y   z ", "a\t b", " \t ", "1 2  3 ", "é  ü ", "a \n b"]
     return lines
 
 

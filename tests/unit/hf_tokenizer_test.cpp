@@ -150,14 +150,40 @@ INSTANTIATE_TEST_SUITE_P(Models, SentencePieceReference,
 // are the library's either way.
 TEST(SentencePieceTokenizer, EncodesWordByWordOnlyWhereTheModelKeepsWordsApart) {
   SKIP_WITHOUT_SENTENCEPIECE();
-  EXPECT_TRUE(
-      SentencePieceTokenizer((references() / "sp_unigram" / "tokenizer.model").string()).encodes_words_separately());
-  EXPECT_TRUE(
-      SentencePieceTokenizer((references() / "sp_bpe" / "tokenizer.model").string()).encodes_words_separately());
-  EXPECT_TRUE(
-      SentencePieceTokenizer((references() / "sp_identity" / "tokenizer.model").string()).encodes_words_separately());
-  EXPECT_FALSE(
-      SentencePieceTokenizer((references() / "sp_llama2" / "tokenizer.model").string()).encodes_words_separately());
+  using Words = SentencePieceTokenizer::Words;
+  const auto words = [](const char* name) {
+    return SentencePieceTokenizer((references() / name / "tokenizer.model").string()).words();
+  };
+  EXPECT_EQ(words("sp_unigram"), Words::kFolded);
+  EXPECT_EQ(words("sp_bpe"), Words::kFolded);
+  EXPECT_EQ(words("sp_identity"), Words::kFolded);
+  EXPECT_EQ(words("sp_llama2"), Words::kKept);  // whitespace runs kept, and pieces of them
+}
+
+// A text's words missing from the cache go to the library in one call, and come back with each word's own ids: the
+// text's ids equal the library's on the whole text (the reference), and the words, now cached, take no call.
+TEST(SentencePieceTokenizer, ATextsMissingWordsTakeOneLibraryCall) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  const nlohmann::json lines = read_json(references() / "hard_text.json");
+  for (const char* name : {"sp_bpe", "sp_llama2"}) {
+    const nlohmann::json ids = read_json(references() / name / "expected.json")["ids"];
+    // Lines of ASCII words apart, which both kinds of model batch: "x  y   z ", "1 2  3 ", ...
+    int checked = 0;
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      const std::string line = lines[i];
+      const bool ascii_words = line.find(' ') != std::string::npos &&
+                               line.find_first_not_of(' ') != std::string::npos &&
+                               std::all_of(line.begin(), line.end(), [](char c) { return c >= ' ' && c < 0x7f; });
+      if (!ascii_words) continue;
+      const SentencePieceTokenizer fresh((references() / name / "tokenizer.model").string());
+      EXPECT_EQ(fresh.encode(line), ids[i].get<std::vector<int64_t>>()) << name << " line " << i << ": " << line;
+      EXPECT_EQ(fresh.library_calls(), 1) << name << " line " << i << ": " << line;
+      fresh.encode(line);
+      EXPECT_EQ(fresh.library_calls(), 1) << name << " line " << i << " again";
+      ++checked;
+    }
+    EXPECT_GE(checked, 5) << name;
+  }
 }
 
 TEST(HuggingFaceTokenizer, BosAndEosComeFromTokenizerConfig) {

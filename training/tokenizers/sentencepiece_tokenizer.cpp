@@ -71,13 +71,18 @@ bool for_each_field(std::string_view message, const Visit& visit) {
 
 constexpr std::string_view kMeta = "\xE2\x96\x81";  // "▁" (U+2581), SentencePiece's escaped space
 
-// spm_train's defaults: NormalizerSpec (ModelProto field 3) with one of the library's own rules (name, 1; a custom
-// rule TSV could map across a word's start), add_dummy_prefix (3), remove_extra_whitespaces (4) and
-// escape_whitespaces (5) true, TrainerSpec (field 2) treat_whitespace_as_suffix (24) false; then every piece holds
-// "▁" at most as its first character and no plain space, so no piece spans the start of a word. Returns the
-// characters a word may start with: spaces, and under the NMT rules, which map tab, line feed, carriage return and
-// form feed to a space, those too; empty when words do not encode apart.
-std::string word_starts(const sentencepiece::SentencePieceProcessor& processor) {
+// Where a model's texts split into words that encode apart, read from NormalizerSpec (ModelProto field 3): the rule
+// (name, 1; one of the library's own: a custom rule TSV could map across a word's start), add_dummy_prefix (3),
+// remove_extra_whitespaces (4), escape_whitespaces (5), and TrainerSpec (field 2) treat_whitespace_as_suffix (24).
+// With the dummy prefix, escaping and no suffix rule:
+// - kFolded (spm_train's defaults): whitespace runs fold into one "▁", and every piece holds "▁" at most as its first
+//   character, so no piece spans the start of a word; words start at spaces and, under the NMT rules, which map tab,
+//   line feed, carriage return and form feed to a space, at those too.
+// - kKept (Llama-2's: the identity rule, whitespace kept): every piece holds "▁" only in a run at its start, so no
+//   piece spans a "▁" that follows something else; words start at a space after something else.
+// No piece may hold a plain space. `starts` gets the characters a word may start with.
+SentencePieceTokenizer::Words word_rule(const sentencepiece::SentencePieceProcessor& processor, std::string& starts) {
+  using Words = SentencePieceTokenizer::Words;
   const std::string proto = processor.serialized_model_proto();
   bool dummy_prefix = true, fold_whitespace = true, escape = true, suffix = false;
   std::string_view rule = "nmt_nfkc";
@@ -99,15 +104,22 @@ std::string word_starts(const sentencepiece::SentencePieceProcessor& processor) 
   });
   const bool known_rule =
       rule == "nmt_nfkc" || rule == "nfkc" || rule == "nmt_nfkc_cf" || rule == "nfkc_cf" || rule == "identity";
-  if (!parsed || !known_rule || !dummy_prefix || !fold_whitespace || !escape || suffix) return "";
-  std::string starts = rule == "nmt_nfkc" || rule == "nmt_nfkc_cf" ? " \t\n\r\f" : " ";
+  if (!parsed || !known_rule || !dummy_prefix || !escape || suffix) return Words::kWhole;
+  if (!fold_whitespace && rule != "identity") return Words::kWhole;
+  const Words words = fold_whitespace ? Words::kFolded : Words::kKept;
+  starts = rule == "nmt_nfkc" || rule == "nmt_nfkc_cf" ? " \t\n\r\f" : " ";
   for (int id = 0; id < processor.GetPieceSize(); ++id) {
     const std::string& piece = processor.IdToPiece(id);
-    if (piece.find(' ') != std::string::npos || piece.find(kMeta, 1) != std::string::npos) return "";
+    if (piece.find(' ') != std::string::npos) return Words::kWhole;
+    std::size_t after = 0;  // past the piece's leading "▁"s (kKept) or its first one (kFolded)
+    while (piece.compare(after, kMeta.size(), kMeta) == 0 && (words == Words::kKept || after == 0)) {
+      after += kMeta.size();
+    }
+    if (piece.find(kMeta, after) != std::string::npos) return Words::kWhole;
     // A user-defined piece is matched in the raw text: one holding a tab or line break must not be cut there.
     if (piece.find_first_of(starts) != std::string::npos) starts = " ";
   }
-  return starts;
+  return words;
 }
 
 }  // namespace
@@ -122,17 +134,15 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, st
                                 status.ToString() + " (give --tokenizer-model the tokenizer.model file)");
   }
   vocab_size_ = processor_->GetPieceSize();
-  word_starts_ = word_starts(*processor_);
-  for (const char c : word_starts_) is_word_start_[static_cast<unsigned char>(c)] = true;
-  starts_word_.resize(static_cast<std::size_t>(vocab_size_));
-  for (int id = 0; id < vocab_size_; ++id) {
-    starts_word_[static_cast<std::size_t>(id)] = processor_->IdToPiece(id).rfind(kMeta, 0) == 0;
-  }
+  std::string starts;
+  words_ = word_rule(*processor_, starts);
+  for (const char c : starts) is_word_start_[static_cast<unsigned char>(c)] = true;
 }
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
 void SentencePieceTokenizer::encode_whole(std::string_view text, std::vector<int32_t>& ids) const {
+  library_calls_.fetch_add(1, std::memory_order_relaxed);
   std::vector<int> encoded;
   const auto status = processor_->Encode(text, &encoded);
   if (!status.ok()) throw std::runtime_error(name() + ": encoding failed: " + status.ToString());
@@ -141,81 +151,112 @@ void SentencePieceTokenizer::encode_whole(std::string_view text, std::vector<int
 
 std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const {
   utf8::require_valid(text, type_name_);
-  std::vector<int64_t> ids;
   // A "▁" typed in the text ends a word as an escaped space would (the normalizer drops a word's trailing ones under
   // the identity and NFKC rules), so such a text goes whole.
-  if (word_starts_.empty() || text.find(kMeta) != std::string_view::npos) {
+  if (words_ == Words::kWhole || text.find(kMeta) != std::string_view::npos) {
     std::vector<int32_t> whole;
     encode_whole(text, whole);
     return std::vector<int64_t>(whole.begin(), whole.end());
   }
-  // A word starts where a run of spaces does ("a  b" is "a" and "  b"; under the NMT rules also a run of tabs and
-  // line breaks): the normalizer folds the run into the "▁" that begins the word's first piece, in the text as in the
-  // word alone (the dummy prefix). The words of a text not cached yet are encoded together, in one library call
-  // (each call costs Debian's 0.1.97 a protobuf), and the ids split where a piece begins with "▁". Only words of
-  // printable ASCII after their spaces go in that call: each normalizes to one "▁" and something after it under the
-  // library's rules, so each begins exactly one such piece; if the count comes out otherwise, they are encoded one by
-  // one.
-  const auto is_space = [this](char c) { return is_word_start_[static_cast<unsigned char>(c)]; };
-  const auto encode_word = [this](std::string_view word, std::vector<int32_t>& word_ids) {
-    encode_whole(word, word_ids);
+  // Each word's ids are those of its key encoded alone; a word's ids come from the cache, or, if it is missing, from
+  // one library call over all of the text's missing keys (each call costs Debian's 0.1.97 a protobuf).
+  std::vector<int64_t> ids;
+  Missing missing;
+  const auto take = [&](std::string_view key, bool batch) {
+    if (cache_.find(key, ids)) return;
+    if (!batch || key.size() >= WordCache::kMaxWordBytes) {
+      cache_.append(key, ids, [this](std::string_view word, std::vector<int32_t>& out) { encode_whole(word, out); });
+      return;
+    }
+    missing.add(key, ids.size());
   };
-  std::string missing;  // the missing words, one after another
-  std::vector<std::string_view> missing_words;
-  std::vector<std::size_t> missing_at;  // where each one's ids go in `ids`
-  std::size_t start = 0;
-  for (std::size_t i = 1; i <= text.size(); ++i) {
-    if (i < text.size() && !(is_space(text[i]) && !is_space(text[i - 1]))) continue;
-    const std::string_view word = text.substr(start, i - start);
-    start = i;
-    // The spaces before a word fold into the "▁" its text alone gets as the dummy prefix: "\n  word" has the ids of
-    // "word", which is the key (spaces alone, as at a text's end, are their own key).
-    std::size_t body = 0;
-    while (body < word.size() && is_space(word[body])) ++body;
-    const std::string_view key = body < word.size() ? word.substr(body) : word;
-    if (cache_.find(key, ids)) continue;
-    const bool plain = body < word.size() && key.size() < WordCache::kMaxWordBytes &&
-                       std::all_of(key.begin(), key.end(), [](char c) { return c > ' ' && c < 0x7f; });
-    if (!plain) {
-      cache_.append(key, ids, encode_word);
-      continue;
+  const auto is_start = [this](char c) { return is_word_start_[static_cast<unsigned char>(c)]; };
+  if (words_ == Words::kFolded) {
+    // A word starts where a run of spaces does ("a  b" is "a" and "  b"; under the NMT rules also a run of tabs and
+    // line breaks). The run folds into the "▁" the word's text alone gets as the dummy prefix, so a word of printable
+    // ASCII is keyed by its text after the run ("\n  word" has the ids of "word"); another is keyed whole and
+    // encoded alone, as its characters could normalize to spaces.
+    std::size_t start = 0;
+    for (std::size_t i = 1; i <= text.size(); ++i) {
+      if (i < text.size() && !(is_start(text[i]) && !is_start(text[i - 1]))) continue;
+      const std::string_view word = text.substr(start, i - start);
+      start = i;
+      std::size_t body = 0;
+      while (body < word.size() && is_start(word[body])) ++body;
+      if (body == word.size()) continue;  // spaces alone, at the text's end: removed, as extra whitespace
+      const bool plain = body < word.size() && std::all_of(word.begin() + static_cast<std::ptrdiff_t>(body), word.end(),
+                                                           [](char c) { return c > ' ' && c < 0x7f; });
+      if (plain) {
+        take(word.substr(body), true);
+      } else {
+        take(word, false);
+      }
     }
-    missing += ' ';
-    missing += key;
-    missing_words.push_back(key);
-    missing_at.push_back(ids.size());
+  } else {
+    // The identity rule keeps every space as a "▁": a word starts at a space after something else, when something
+    // else follows ("a  b " is "a" and "  b "). The dummy prefix is the word's first "▁" when it is encoded alone, so
+    // a word's key is its text without its first space (the text's first word keeps all of its own).
+    const std::size_t last = text.find_last_not_of(' ');
+    std::size_t start = 0;
+    for (std::size_t i = 1; i <= text.size(); ++i) {
+      if (i < text.size() && !(text[i] == ' ' && text[i - 1] != ' ' && last != std::string_view::npos && i < last)) {
+        continue;
+      }
+      take(text.substr(start == 0 ? 0 : start + 1, i - start - (start == 0 ? 0 : 1)), true);
+      start = i;
+    }
   }
-  if (missing_words.empty()) return ids;
+  if (missing.keys.empty()) return ids;
 
-  std::vector<int32_t> missing_ids;
-  encode_whole(missing, missing_ids);
-  std::vector<std::vector<int32_t>> split;
-  bool counted = true;
-  for (const int32_t id : missing_ids) {
-    if (starts_word_[static_cast<std::size_t>(id)]) split.emplace_back();
-    if (split.empty()) {
-      counted = false;
-      break;
-    }
-    split.back().push_back(id);
-  }
-  if (!counted || split.size() != missing_words.size()) {
-    split.assign(missing_words.size(), {});
-    for (std::size_t w = 0; w < missing_words.size(); ++w) encode_word(missing_words[w], split[w]);
-  }
+  std::vector<std::vector<int32_t>> split = split_missing(missing);
   // The text's ids in order: the cached ones with each missing word's in its place.
   std::vector<int64_t> merged;
-  merged.reserve(ids.size() + missing_ids.size());
+  merged.reserve(ids.size() + missing.joined.size());
   std::size_t from = 0;
-  for (std::size_t w = 0; w < missing_words.size(); ++w) {
+  for (std::size_t w = 0; w < missing.keys.size(); ++w) {
     merged.insert(merged.end(), ids.begin() + static_cast<std::ptrdiff_t>(from),
-                  ids.begin() + static_cast<std::ptrdiff_t>(missing_at[w]));
-    from = missing_at[w];
+                  ids.begin() + static_cast<std::ptrdiff_t>(missing.at[w]));
+    from = missing.at[w];
     merged.insert(merged.end(), split[w].begin(), split[w].end());
-    cache_.insert(missing_words[w], split[w]);
+    cache_.insert(missing.keys[w], split[w]);
   }
   merged.insert(merged.end(), ids.begin() + static_cast<std::ptrdiff_t>(from), ids.end());
   return merged;
+}
+
+void SentencePieceTokenizer::Missing::add(std::string_view key, std::size_t ids_at) {
+  begins.push_back(joined.size());
+  if (!joined.empty()) joined += ' ';
+  joined += key;
+  keys.push_back(key);
+  at.push_back(ids_at);
+}
+
+// The keys joined by a space read, to the normalizer, as each word did in its text: the space is the word's first
+// "▁" (or folds into it), and the first key gets the dummy prefix. The library reports where in the joined text each
+// piece came from, which gives each key its pieces; should a piece reach past its key's end, the keys are encoded
+// one by one instead.
+std::vector<std::vector<int32_t>> SentencePieceTokenizer::split_missing(const Missing& missing) const {
+  const std::size_t count = missing.keys.size();
+  std::vector<std::vector<int32_t>> split(count);
+  const auto end_of = [&](std::size_t w) { return w + 1 < count ? missing.begins[w + 1] : missing.joined.size(); };
+  library_calls_.fetch_add(1, std::memory_order_relaxed);
+  const sentencepiece::ImmutableSentencePieceText encoded = processor_->EncodeAsImmutableProto(missing.joined);
+  bool apart = encoded.pieces_size() > 0;
+  std::size_t w = 0;
+  for (const auto& piece : encoded.pieces()) {
+    while (w + 1 < count && piece.begin() >= missing.begins[w + 1]) ++w;
+    if (piece.begin() < missing.begins[w] || piece.end() > end_of(w)) {
+      apart = false;
+      break;
+    }
+    split[w].push_back(static_cast<int32_t>(piece.id()));
+  }
+  for (std::size_t k = 0; k < count && apart; ++k) apart = !split[k].empty();
+  if (!apart) {
+    for (std::size_t k = 0; k < count; ++k) encode_whole(missing.keys[k], split[k]);
+  }
+  return split;
 }
 
 std::string SentencePieceTokenizer::decode(const std::vector<int64_t>& ids) const {
