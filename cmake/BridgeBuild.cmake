@@ -104,6 +104,14 @@ function(bridge_add_library name export_name)
                                               $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/bridge>)
   target_link_libraries(${name} ${scope} ${ARG_DEPS})
   target_compile_features(${name} ${scope} cxx_std_17)
+  if(ARG_NO_TORCH)
+    # The standard LibTorch asks of its users (C++20 for 2.x), so that these headers, which the code linking LibTorch
+    # includes too, compile under one standard everywhere.
+    get_target_property(torch_features torch INTERFACE_COMPILE_FEATURES)
+    if(torch_features)
+      target_compile_features(${name} ${scope} ${torch_features})
+    endif()
+  endif()
   set_property(GLOBAL APPEND PROPERTY BRIDGE_LIBRARIES ${name})
 endfunction()
 

@@ -109,7 +109,10 @@ std::vector<std::string> join_json_keys(int argc, char** argv) {
     arguments.emplace_back(argv[i]);
     if (arguments.back() != "--json-keys") continue;
     std::string keys;
-    while (i + 1 < argc && argv[i + 1][0] != '-') keys += (keys.empty() ? "" : ",") + std::string(argv[++i]);
+    while (i + 1 < argc && argv[i + 1][0] != '-') {
+      if (!keys.empty()) keys += ',';
+      keys += argv[++i];
+    }
     if (!keys.empty()) arguments.push_back(keys);
   }
   return arguments;

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -257,6 +258,36 @@ TEST(WordCacheTest, EveryThreadFindsEveryWordPastItsOwnTable) {
   EXPECT_EQ(found(other, "w1"), (std::vector<int64_t>{42}));
   check_all("this thread, after a second cache");
   EXPECT_EQ(found(other, "w1"), (std::vector<int64_t>{42}));
+}
+
+// Four threads at once, each inserting and looking up the same words in its own order, past its own table's size:
+// every lookup that finds a word finds that word's ids, and at the end every thread finds every word.
+TEST(WordCacheTest, ThreadsFillAndReadOneCacheAtOnce) {
+  const int words = static_cast<int>(WordCache::kThreadWords) + 20000;
+  WordCache cache;
+  std::atomic<int> wrong{0}, missing{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < words; ++k) {
+        const int i = (k * 7919 + t * 104729) % words;  // a different order in each thread
+        std::vector<int64_t> ids;
+        if (cache.find(cache_word(i), ids)) {
+          wrong += ids != widened(cache_ids(i));
+        } else {
+          cache.insert(cache_word(i), cache_ids(i));
+        }
+      }
+      for (int i = 0; i < words; ++i) {
+        const std::vector<int64_t> ids = found(cache, cache_word(i));
+        missing += ids.empty();
+        wrong += !ids.empty() && ids != widened(cache_ids(i));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(missing, 0);
 }
 
 }  // namespace

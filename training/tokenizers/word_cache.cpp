@@ -26,14 +26,15 @@ uint64_t hash_of(std::string_view word) { return std::hash<std::string_view>()(w
 // in two arrays. It starts small and doubles as it fills, up to a number of words. Not thread-safe.
 class WordCache::WordTable {
  public:
-  WordTable(std::size_t initial_slots, std::size_t max_words) : max_words_(max_words), slots_(initial_slots) {}
+  WordTable(std::size_t initial_slots, std::size_t max_words)
+      : initial_slots_(initial_slots), max_words_(max_words), slots_(initial_slots) {}
 
-  // Empties the table, keeping its memory.
+  // Empties the table and gives back what it grew to.
   void clear() {
     if (size_ == 0) return;
-    std::fill(slots_.begin(), slots_.end(), Slot{});
-    bytes_.clear();
-    ids_.clear();
+    std::vector<Slot>(initial_slots_).swap(slots_);
+    std::string().swap(bytes_);
+    std::vector<int32_t>().swap(ids_);
     size_ = 0;
   }
 
@@ -54,11 +55,12 @@ class WordCache::WordTable {
     for (; slots_[at].word_size != 0; at = (at + 1) & mask()) {
       if (matches(slots_[at], word, hash)) return;
     }
-    slots_[at] =
-        Slot{static_cast<uint32_t>(hash >> 32), static_cast<uint32_t>(bytes_.size()),
-             static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(word.size()), static_cast<uint16_t>(count)};
-    bytes_.append(word);
+    const Slot slot{static_cast<uint32_t>(hash >> 32), static_cast<uint32_t>(bytes_.size()),
+                    static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(word.size()),
+                    static_cast<uint16_t>(count)};
+    bytes_.append(word);  // the arrays first: should they throw, no slot points past their end
     ids_.insert(ids_.end(), word_ids, word_ids + count);
+    slots_[at] = slot;
     if (2 * ++size_ >= slots_.size()) grow();
   }
 
@@ -85,14 +87,20 @@ class WordCache::WordTable {
     }
   }
 
-  std::size_t max_words_;
+  std::size_t initial_slots_, max_words_;
   std::vector<Slot> slots_;
   std::string bytes_;
   std::vector<int32_t> ids_;
   std::size_t size_ = 0;
 };
 
-struct WordCache::Shard {
+// On a cache line of its own: neighbouring shards' locks would otherwise move one line between the cores.
+struct alignas(64) WordCache::Shard {
+  // A shard's table indexes its slots with the hash's low bits, below those that choose the shard (shard_of); a
+  // thread table's arrays stay under 4 GiB (32-bit offsets; a word of under 256 bytes has fewer than 256 ids).
+  static_assert(2 * kWordsPerShard <= (std::size_t{1} << 24));
+  static_assert(kThreadWords * kMaxWordBytes < (std::size_t{1} << 30));
+
   std::mutex mutex;
   WordTable words{64, kWordsPerShard};
 };
