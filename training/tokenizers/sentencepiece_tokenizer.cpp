@@ -163,12 +163,11 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
   std::vector<int64_t> ids;
   Missing missing;
   const auto take = [&](std::string_view key, bool batch) {
-    if (cache_.find(key, ids)) return;
     if (!batch || key.size() >= WordCache::kMaxWordBytes) {
       cache_.append(key, ids, [this](std::string_view word, std::vector<int32_t>& out) { encode_whole(word, out); });
-      return;
+    } else if (!cache_.find(key, ids)) {
+      missing.add(key, ids.size());
     }
-    missing.add(key, ids.size());
   };
   const auto is_start = [this](char c) { return is_word_start_[static_cast<unsigned char>(c)]; };
   if (words_ == Words::kFolded) {
@@ -184,8 +183,8 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
       std::size_t body = 0;
       while (body < word.size() && is_start(word[body])) ++body;
       if (body == word.size()) continue;  // spaces alone, at the text's end: removed, as extra whitespace
-      const bool plain = body < word.size() && std::all_of(word.begin() + static_cast<std::ptrdiff_t>(body), word.end(),
-                                                           [](char c) { return c > ' ' && c < 0x7f; });
+      const bool plain = std::all_of(word.begin() + static_cast<std::ptrdiff_t>(body), word.end(),
+                                     [](char c) { return c > ' ' && c < 0x7f; });
       if (plain) {
         take(word.substr(body), true);
       } else {
@@ -196,13 +195,12 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
     // The identity rule keeps every space as a "▁": a word starts at a space after something else, when something
     // else follows ("a  b " is "a" and "  b "). The dummy prefix is the word's first "▁" when it is encoded alone, so
     // a word's key is its text without its first space (the text's first word keeps all of its own).
-    const std::size_t last = text.find_last_not_of(' ');
+    const std::size_t last = text.find_last_not_of(' ');  // a word starts only before it
     std::size_t start = 0;
     for (std::size_t i = 1; i <= text.size(); ++i) {
-      if (i < text.size() && !(text[i] == ' ' && text[i - 1] != ' ' && last != std::string_view::npos && i < last)) {
-        continue;
-      }
-      take(text.substr(start == 0 ? 0 : start + 1, i - start - (start == 0 ? 0 : 1)), true);
+      if (i < text.size() && !(text[i] == ' ' && text[i - 1] != ' ' && i < last)) continue;
+      const std::size_t from = start == 0 ? 0 : start + 1;
+      take(text.substr(from, i - from), true);
       start = i;
     }
   }
@@ -211,7 +209,9 @@ std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const
   std::vector<std::vector<int32_t>> split = split_missing(missing);
   // The text's ids in order: the cached ones with each missing word's in its place.
   std::vector<int64_t> merged;
-  merged.reserve(ids.size() + missing.joined.size());
+  std::size_t count = ids.size();
+  for (const std::vector<int32_t>& word_ids : split) count += word_ids.size();
+  merged.reserve(count);
   std::size_t from = 0;
   for (std::size_t w = 0; w < missing.keys.size(); ++w) {
     merged.insert(merged.end(), ids.begin() + static_cast<std::ptrdiff_t>(from),
