@@ -98,14 +98,25 @@ TEST(IndexedDatasetBuilderTest, WritesFilesByteIdenticalToMegatron) {
     const bool uint16 = dtype == "uint16";
     write_reference_dataset(dir / ("py_" + dtype), dtype, 7);
     IndexedDatasetBuilder builder(dir / ("cpp_" + dtype), uint16 ? DType::kUInt16 : DType::kInt32);
-    for (int i = 0; i < 7; ++i) builder.add_document(known_document(i, uint16));
+    // The same documents converted beforehand, as preprocess_data's workers do, with two sequences each.
+    IndexedDatasetBuilder converted(dir / ("bytes_" + dtype), uint16 ? DType::kUInt16 : DType::kInt32);
+    for (int i = 0; i < 7; ++i) {
+      builder.add_document(known_document(i, uint16));
+      const std::vector<int64_t> tokens = known_document(i, uint16);
+      std::vector<unsigned char> bytes;
+      append_token_bytes(tokens.data(), 1, converted.dtype(), bytes);
+      append_token_bytes(tokens.data() + 1, tokens.size() - 1, converted.dtype(), bytes);
+      converted.add_document_bytes(bytes, {static_cast<int64_t>(tokens.size())});
+    }
     EXPECT_FALSE(testing::fs::exists(dir / ("cpp_" + dtype + ".idx"))) << "the files must appear only at finalize";
     builder.finalize();
+    converted.finalize();
     EXPECT_EQ(builder.num_documents(), 7);
     for (const std::string ext : {".bin", ".idx"}) {
       const std::string ours = read_bytes(dir / ("cpp_" + dtype + ext));
       ASSERT_FALSE(ours.empty());
       EXPECT_EQ(ours, read_bytes(dir / ("py_" + dtype + ext))) << ext;
+      EXPECT_EQ(read_bytes(dir / ("bytes_" + dtype + ext)), ours) << ext;
     }
   }
   // Nothing but the finished files is left behind.
@@ -114,7 +125,49 @@ TEST(IndexedDatasetBuilderTest, WritesFilesByteIdenticalToMegatron) {
     EXPECT_THAT(entry.path().string(), ::testing::Not(HasSubstr(".tmp"))) << entry.path();
     ++files;
   }
-  EXPECT_EQ(files, 8);
+  EXPECT_EQ(files, 12);
+}
+
+TEST(IndexedDatasetBuilderTest, ConvertedDocumentsAreCheckedLikeTokens) {
+  ScratchDir dir;
+  IndexedDatasetBuilder builder(dir / "converted", DType::kUInt16);
+  std::vector<unsigned char> bytes;
+  const std::vector<int64_t> tokens{7, 65535, 65536, 1};
+  try {
+    append_token_bytes(tokens.data(), tokens.size(), DType::kUInt16, bytes);
+    FAIL() << "65536 does not fit uint16";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("token 65536 (position 2) does not fit uint16"));
+  }
+  append_token_bytes(tokens.data(), 2, DType::kUInt16, bytes);
+  EXPECT_EQ(bytes, (std::vector<unsigned char>{7, 0, 255, 255}));
+  EXPECT_THROW(builder.add_document_bytes(bytes, {1}), std::invalid_argument);      // lengths sum to 1 of 2 tokens
+  EXPECT_THROW(builder.add_document_bytes({1, 2, 3}, {1}), std::invalid_argument);  // half a token
+  builder.add_document_bytes(bytes, {1, 1});
+  builder.finalize();
+  EXPECT_THROW(builder.add_document_bytes(bytes, {2}), std::logic_error);
+  IndexedDataset dataset(dir / "converted");
+  EXPECT_EQ(dataset.document_indices(), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(dataset.get(1), (std::vector<int64_t>{65535}));
+}
+
+TEST(IndexedDatasetBuilderTest, FinalizeReplacesAnEarlierDatasetOfThePrefix) {
+  ScratchDir dir;
+  for (const int64_t documents : {40, 3}) {
+    IndexedDatasetBuilder builder(dir / "again", DType::kUInt16);
+    for (int64_t d = 0; d < documents; ++d) builder.add_document(std::vector<int64_t>(100, documents + d));
+    builder.finalize();
+  }
+  IndexedDataset dataset(dir / "again");
+  EXPECT_EQ(dataset.size(), 3);
+  EXPECT_EQ(dataset.get(2), std::vector<int64_t>(100, 5));
+  EXPECT_EQ(dataset.num_bytes(), 3u * 100 * 2);
+  int files = 0;
+  for (const auto& entry : testing::fs::directory_iterator(dir.path())) {
+    EXPECT_THAT(entry.path().string(), ::testing::Not(HasSubstr(".tmp"))) << entry.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 2);
 }
 
 TEST(IndexedDatasetBuilderTest, SeveralSequencesPerDocumentAndEmptyDocuments) {

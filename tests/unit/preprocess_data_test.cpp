@@ -91,6 +91,37 @@ TEST(PreprocessDataTest, SeveralJsonKeysGiveOneDatasetEach) {
   EXPECT_EQ(IndexedDataset(dir / "out_title_document").get(1), bytes_of("U"));
 }
 
+// The reader takes the input 1 MiB at a time: lines that span several reads, one that ends exactly at a read's end,
+// and a last line without a newline are read whole, and line numbers still count every line.
+TEST(PreprocessDataTest, LinesLongerThanTheReaderBufferAreReadWhole) {
+  ScratchDir dir;
+  const std::size_t mib = std::size_t{1} << 20;
+  const std::string prefix = "{\"text\": \"";
+  const std::string suffix = "\"}";
+  const std::string long_text(mib * 5 / 2, 'x');
+  // The second line ends with its newline as the last byte of the third read.
+  const std::size_t first = prefix.size() + long_text.size() + suffix.size() + 1;
+  const std::string fitted_text(3 * mib - first - prefix.size() - suffix.size() - 1, 'y');
+  std::string content = prefix + long_text + suffix + "\n" + prefix + fitted_text + suffix + "\n";
+  ASSERT_EQ(content.size(), 3 * mib);
+  content += "{\"text\": \"end\"}";
+  write_bytes(dir / "long.jsonl", content);
+  PreprocessConfig config = in_process(dir, dir / "long.jsonl");
+  preprocess_data(config);
+  IndexedDataset dataset(dir / "out_text_document");
+  ASSERT_EQ(dataset.size(), 3);
+  EXPECT_EQ(dataset.get(0), bytes_of(long_text));
+  EXPECT_EQ(dataset.get(1), bytes_of(fitted_text));
+  EXPECT_EQ(dataset.get(2), bytes_of("end"));
+  write_bytes(dir / "long.jsonl", content + "\n\n{\"text\": 1}");
+  try {
+    preprocess_data(config);
+    ADD_FAILURE() << "accepted a number for text";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir / "long.jsonl" + ":5: field \"text\""));
+  }
+}
+
 TEST(PreprocessDataTest, TextParagraphsBecomeDocuments) {
   ScratchDir dir;
   write_bytes(dir / "book.txt", "\nFirst line\n  second line\n\n \t\nPara two\r\nends here\r\n\n\nLast");

@@ -45,6 +45,10 @@ std::string dtype_name(DType dtype);
 /// Megatron's DType.optimal_dtype: uint16 when every id fits (vocab_size < 65500), else int32.
 DType optimal_dtype(int64_t vocab_size);
 
+/// Appends `count` tokens to `out` in `dtype`'s bytes, as a .bin holds them (IndexedDatasetBuilder::add_document_bytes
+/// takes them). Throws std::invalid_argument naming the first token `dtype` cannot hold and its position.
+void append_token_bytes(const int64_t* tokens, std::size_t count, DType dtype, std::vector<unsigned char>& out);
+
 /// Where a token was found: sequence `sequence` (of document `document`), token `position` of it, and its value.
 /// What a float32/float64 token that is NaN, infinite or outside int64 reads as: an id no vocabulary holds, so
 /// dataset.validate_tokens and the sample check report it instead of training on an arbitrary id.
@@ -119,6 +123,9 @@ class IndexedDatasetBuilder {
   /// One document of several sequences whose lengths sum to tokens.size() (Megatron's add_document(tensor, lengths);
   /// no lengths = an empty document, as Megatron's preprocess_data.py writes for empty text).
   void add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths);
+  /// add_document for tokens already in the builder's dtype (append_token_bytes), so that threads other than the
+  /// writing one can convert them: preprocess_data's workers do.
+  void add_document_bytes(const std::vector<unsigned char>& bytes, const std::vector<int64_t>& lengths);
   /// One sequence, not yet ending a document (Megatron's add_item).
   void add_item(const std::vector<int64_t>& tokens);
   /// Ends the current document (Megatron's end_document).
@@ -126,11 +133,13 @@ class IndexedDatasetBuilder {
   /// Writes the index and moves both files into place. The builder accepts nothing afterwards.
   void finalize();
 
+  DType dtype() const { return dtype_; }
   int64_t num_sequences() const { return static_cast<int64_t>(sequence_lengths_.size()); }
   int64_t num_documents() const { return static_cast<int64_t>(document_indices_.size()) - 1; }
 
  private:
   void write_tokens(const std::vector<int64_t>& tokens);
+  void check_lengths(const std::vector<int64_t>& lengths, int64_t tokens) const;
   void remove_temporaries() noexcept;
 
   std::string path_prefix_, bin_tmp_, idx_tmp_;
@@ -138,6 +147,7 @@ class IndexedDatasetBuilder {
   std::FILE* bin_file_ = nullptr;
   std::vector<int32_t> sequence_lengths_;
   std::vector<int64_t> document_indices_{0};
+  std::vector<unsigned char> bytes_;  // write_tokens' conversion, kept between documents
   bool finalized_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include "training/datasets/indexed_dataset.h"
@@ -28,26 +30,59 @@ namespace {
 
 using tokenizers::Tokenizer;
 
-// One document's sequences: their tokens back to back, and each sequence's length.
+// One document's sequences: their tokens back to back, already in the output's dtype (the workers convert them, so
+// that the writing thread only writes), and each sequence's length.
 struct EncodedDocument {
-  std::vector<int64_t> tokens;
+  std::vector<unsigned char> token_bytes;
   std::vector<int64_t> lengths;
 };
 
 // Megatron's Encoder.encode for one field: each non-empty piece of text a sequence, EOD after the last one.
-EncodedDocument encode_pieces(const Tokenizer& tokenizer, const std::vector<std::string>& pieces, bool append_eod) {
+EncodedDocument encode_pieces(const Tokenizer& tokenizer, const std::vector<std::string>& pieces, bool append_eod,
+                              DType dtype) {
   EncodedDocument document;
   for (const std::string& piece : pieces) {
     const std::vector<int64_t> ids = tokenizer.encode(piece);
     if (ids.empty()) continue;
-    document.tokens.insert(document.tokens.end(), ids.begin(), ids.end());
+    append_token_bytes(ids.data(), ids.size(), dtype, document.token_bytes);
     document.lengths.push_back(static_cast<int64_t>(ids.size()));
   }
-  if (append_eod && !document.tokens.empty()) {
-    document.tokens.push_back(tokenizer.eod());
+  if (append_eod && !document.lengths.empty()) {
+    const int64_t eod = tokenizer.eod();
+    append_token_bytes(&eod, 1, dtype, document.token_bytes);
     document.lengths.back() += 1;
   }
   return document;
+}
+
+// Calls `line(text)` for each line of `in`, without its '\n', as std::getline splits them. Reads 1 MiB at a time
+// and gives views into it, so that a document's string is made once at its size: getline grows a string from empty,
+// several reallocations per document on the one thread that feeds every worker.
+template <typename Line>
+void for_each_line(std::istream& in, Line&& line) {
+  std::vector<char> buffer(std::size_t{1} << 20);
+  std::string partial;  // a line that runs past the buffer
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const char* at = buffer.data();
+    const char* const end = at + in.gcount();
+    while (at < end) {
+      const auto* newline = static_cast<const char*>(std::memchr(at, '\n', static_cast<std::size_t>(end - at)));
+      if (newline == nullptr) {
+        partial.append(at, end);
+        break;
+      }
+      if (partial.empty()) {
+        line(std::string_view(at, static_cast<std::size_t>(newline - at)));
+      } else {
+        partial.append(at, newline);
+        line(std::string_view(partial));
+        partial.clear();
+      }
+      at = newline + 1;
+    }
+  }
+  if (!partial.empty()) line(std::string_view(partial));
 }
 
 // One document as read: the input line it starts on, and either its JSON line (parsed by a worker) or each key's
@@ -165,6 +200,7 @@ class Preprocessor {
         throw std::invalid_argument(std::string("--append-eod: ") + e.what());
       }
     }
+    dtype_ = optimal_dtype(tokenizer_->vocab_size());
     pool_ = std::make_unique<TokenizingPool>(config_.workers, [this](Batch& batch, std::size_t i) {
       try {
         batch.encoded[i] = encode(batch.documents[i]);
@@ -172,11 +208,10 @@ class Preprocessor {
         batch.errors[i] = e.what();
       }
     });
-    const DType dtype = optimal_dtype(tokenizer_->vocab_size());
     const std::string level = config_.split_sentences ? "_sentence" : "_document";
     for (const std::string& key : config_.json_keys) {
       outputs_.push_back({config_.output_prefix + "_" + key + level, 0, 0});
-      builders_.push_back(std::make_unique<IndexedDatasetBuilder>(outputs_.back().path_prefix, dtype));
+      builders_.push_back(std::make_unique<IndexedDatasetBuilder>(outputs_.back().path_prefix, dtype_));
     }
   }
 
@@ -217,13 +252,12 @@ class Preprocessor {
 
   // The non-blank lines; parsing them is the workers' (parse_json below), so that it scales with them.
   void json_lines(std::istream& in, const Take& take) const {
-    std::string line;
     int64_t number = 0;
-    while (std::getline(in, line)) {
+    for_each_line(in, [&](std::string_view line) {
       ++number;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      take(RawDocument{number, std::move(line), {}});
-    }
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+      take(RawDocument{number, std::string(line), {}});
+    });
   }
 
   // One JSON line's fields; throws std::runtime_error with what is wrong (flush() adds the file and line).
@@ -259,18 +293,18 @@ class Preprocessor {
   }
 
   void text_paragraphs(std::istream& in, const Take& take) const {
-    std::string line, paragraph;
+    std::string paragraph;
     int64_t number = 0, first_line = 0;
     const auto flush_paragraph = [&] {
       take(RawDocument{first_line, {}, {{paragraph}}});
       paragraph.clear();
     };
-    while (std::getline(in, line)) {
+    for_each_line(in, [&](std::string_view line) {
       ++number;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) {
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (line.find_first_not_of(" \t") == std::string_view::npos) {
         if (!paragraph.empty()) flush_paragraph();
-        continue;
+        return;
       }
       if (paragraph.empty()) {
         first_line = number;
@@ -278,7 +312,7 @@ class Preprocessor {
         paragraph += '\n';
       }
       paragraph += line;
-    }
+    });
     if (!paragraph.empty()) flush_paragraph();
   }
 
@@ -288,7 +322,7 @@ class Preprocessor {
     std::vector<EncodedDocument> encoded;
     for (const std::vector<std::string>& pieces : document.pieces) {
       if (!config_.split_sentences) {
-        encoded.push_back(encode_pieces(*tokenizer_, pieces, config_.append_eod));
+        encoded.push_back(encode_pieces(*tokenizer_, pieces, config_.append_eod, dtype_));
         continue;
       }
       std::vector<std::string> sentences;
@@ -297,8 +331,9 @@ class Preprocessor {
           sentences.push_back(std::move(sentence));
         }
       }
-      encoded.push_back(encode_pieces(*tokenizer_, sentences, config_.append_eod));
+      encoded.push_back(encode_pieces(*tokenizer_, sentences, config_.append_eod, dtype_));
     }
+    std::vector<std::vector<std::string>>().swap(document.pieces);  // the text is freed here, not by the writer
     return encoded;
   }
 
@@ -323,8 +358,9 @@ class Preprocessor {
     for (std::size_t i = 0; i < batch.documents.size(); ++i) {
       if (!batch.errors[i].empty()) throw error(batch.documents[i].line, batch.errors[i]);
       for (std::size_t k = 0; k < builders_.size(); ++k) {
-        builders_[k]->add_document(batch.encoded[i][k].tokens, batch.encoded[i][k].lengths);
-        outputs_[k].tokens += static_cast<int64_t>(batch.encoded[i][k].tokens.size());
+        const EncodedDocument& document = batch.encoded[i][k];
+        builders_[k]->add_document_bytes(document.token_bytes, document.lengths);
+        outputs_[k].tokens += static_cast<int64_t>(document.token_bytes.size() / dtype_size(dtype_));
       }
       progress();
     }
@@ -341,6 +377,7 @@ class Preprocessor {
 
   PreprocessConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  DType dtype_ = DType::kUInt16;  // the outputs' token type, from the tokenizer's vocabulary size
   std::vector<PreprocessedDataset> outputs_;
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders_;
   std::vector<RawDocument> reading_;
