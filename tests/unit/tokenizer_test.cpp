@@ -18,6 +18,7 @@
 namespace bridge::training::tokenizers {
 namespace {
 
+using datasets::testing::read_bytes;
 using datasets::testing::ScratchDir;
 using datasets::testing::write_bytes;
 using ::testing::HasSubstr;
@@ -112,6 +113,21 @@ TEST_F(GPT2BPETokenizerTest, VocabularyAndEod) {
   EXPECT_THROW(tokenizer_->decode({268}), std::out_of_range);
 }
 
+TEST_F(GPT2BPETokenizerTest, AVocabularyOfARepeatedTokenKeepsItsLastId) {
+  // The same vocabulary with one more "he" entry at the front, which the file's later "he": 256 replaces, and merges
+  // with Windows line ends, a blank line and tabs: the same ids as the clean files.
+  std::string vocab = read_bytes(dir_ / "vocab.json");
+  vocab.replace(0, 1, "{\"he\": 999, ");
+  write_bytes(dir_ / "repeated.json", vocab);
+  write_bytes(dir_ / "crlf.txt",
+              "#version: 0.2\r\nh e\r\nl\tl\r\n\r\nhe ll\r\nhell o\r\nĠ w\r\no r\r\nĠw or\r\nĠwor l\r\nĠworl d\r\n"
+              "' s\r\n1 2");
+  GPT2BPETokenizer tokenizer(dir_ / "repeated.json", dir_ / "crlf.txt");
+  EXPECT_EQ(tokenizer.vocab_size(), 268);
+  EXPECT_EQ(tokenizer.encode("hello world's 12"), tokenizer_->encode("hello world's 12"));
+  EXPECT_EQ(tokenizer.encode("hello world"), (std::vector<int64_t>{259, 264}));
+}
+
 TEST_F(GPT2BPETokenizerTest, MergesApplyLowestRankFirst) {
   // "hello": h e l l o -> (h,e) rank 0 -> he l l o -> (l,l) 1 -> he ll o -> (he,ll) 2 -> hell o -> 3 -> hello.
   // " world": Ġ w o r l d -> (Ġ,w) 4 -> (o,r) 5 -> (Ġw,or) 6 -> (Ġwor,l) 7 -> (Ġworl,d) 8 -> Ġworld.
@@ -162,8 +178,20 @@ TEST_F(GPT2BPETokenizerTest, BadFilesNameTheFileAndLine) {
   expect_error(dir_ / "no_eod.json", dir_ / "merges.txt", "<|endoftext|>");
   write_bytes(dir_ / "gap.json", "{\"a\": 0, \"<|endoftext|>\": 5}");
   expect_error(dir_ / "gap.json", dir_ / "merges.txt", "ids must be distinct");
+  write_bytes(dir_ / "text_id.json", "{\"a\": 0, \"b\": \"1\"}");
+  expect_error(dir_ / "text_id.json", dir_ / "merges.txt", "the id of token \"b\" is not an integer");
+  write_bytes(dir_ / "nested.json", "{\"a\": {\"b\": 1}}");
+  expect_error(dir_ / "nested.json", dir_ / "merges.txt", "the id of token \"a\" is not an integer");
+  for (const std::string not_an_object : {"[\"a\", 0]", "7", "{}"}) {
+    write_bytes(dir_ / "list.json", not_an_object);
+    expect_error(dir_ / "list.json", dir_ / "merges.txt", "must be a non-empty JSON object of token -> id");
+  }
   write_bytes(dir_ / "bad_merges.txt", "#version: 0.2\nh e\nonlyone\n");
   expect_error(dir_ / "vocab.json", dir_ / "bad_merges.txt", dir_ / "bad_merges.txt" + ":3");
+  write_bytes(dir_ / "bad_merges.txt", "h e\r\n\r\nl\tl\n  \n");
+  expect_error(dir_ / "vocab.json", dir_ / "bad_merges.txt", dir_ / "bad_merges.txt" + ":4: expected two");
+  write_bytes(dir_ / "bad_merges.txt", "h e\nl l x\n");
+  expect_error(dir_ / "vocab.json", dir_ / "bad_merges.txt", ":2: expected two space-separated symbols");
 }
 
 TEST(BuildTokenizerTest, NamesAndSuggestions) {

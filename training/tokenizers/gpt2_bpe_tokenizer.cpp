@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "training/tokenizers/bpe_model.h"
@@ -96,33 +98,95 @@ std::string read_file(const std::string& path, const char* what) {
   return content.str();
 }
 
+// vocab.json's token -> id object, read as nlohmann parses it (its SAX interface) rather than through the document
+// a parse builds, which took half the tokenizer's load (a tree of 50,000 nodes, copied once more into the encoder).
+// A repeated token keeps its last id, as a parse (and Python's json) does.
+class VocabReader : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  std::unordered_map<std::string, int64_t> ids;
+  std::string error;  // what is wrong, when a callback stopped the parse
+
+  bool start_object(std::size_t /*elements*/) override {
+    if (depth_ != 0) return not_an_id();
+    ++depth_;
+    return true;
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& token) override {
+    token_ = std::move(token);
+    return true;
+  }
+  bool number_integer(number_integer_t id) override { return depth_ == 1 ? add(id) : not_an_object(); }
+  bool number_unsigned(number_unsigned_t id) override {
+    if (id > static_cast<number_unsigned_t>(std::numeric_limits<int64_t>::max())) return not_an_id();
+    return number_integer(static_cast<int64_t>(id));
+  }
+  bool null() override { return not_an_id(); }
+  bool boolean(bool /*value*/) override { return not_an_id(); }
+  bool number_float(number_float_t /*value*/, const string_t& /*text*/) override { return not_an_id(); }
+  bool string(string_t& /*value*/) override { return not_an_id(); }
+  bool binary(binary_t& /*value*/) override { return not_an_id(); }
+  bool start_array(std::size_t /*elements*/) override { return not_an_id(); }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t /*position*/, const std::string& /*token*/,
+                   const nlohmann::detail::exception& e) override {
+    error = std::string("is not valid JSON: ") + e.what();
+    return false;
+  }
+
+ private:
+  bool add(int64_t id) {
+    ids.insert_or_assign(std::move(token_), id);
+    return true;
+  }
+  bool not_an_id() {
+    return depth_ == 1 ? fail("the id of token \"" + token_ + "\" is not an integer") : not_an_object();
+  }
+  bool not_an_object() {
+    return fail("must be a non-empty JSON object of token -> id (GPT-2's encoder.json / vocab.json)");
+  }
+  bool fail(std::string what) {
+    error = std::move(what);
+    return false;
+  }
+
+  int depth_ = 0;
+  std::string token_;
+};
+
+// One merges.txt line's whitespace-separated fields.
+std::vector<std::string_view> fields_of(std::string_view line) {
+  constexpr std::string_view kSpace = " \t\r\v\f";
+  std::vector<std::string_view> fields;
+  for (std::size_t at = line.find_first_not_of(kSpace); at != std::string_view::npos;) {
+    const std::size_t end = std::min(line.find_first_of(kSpace, at), line.size());
+    fields.push_back(line.substr(at, end - at));
+    at = line.find_first_not_of(kSpace, end);
+  }
+  return fields;
+}
+
 }  // namespace
 
 GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std::string& merges_path)
     : vocab_json_path_(vocab_json_path) {
+  VocabReader vocab;
+  if (!nlohmann::json::sax_parse(read_file(vocab_json_path, "vocab"), &vocab) || vocab.ids.empty()) {
+    if (vocab.error.empty()) vocab.error = "must be a non-empty JSON object of token -> id";
+    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " " + vocab.error);
+  }
   std::unordered_map<std::string, int32_t> encoder;
-  nlohmann::json vocab;
-  try {
-    vocab = nlohmann::json::parse(read_file(vocab_json_path, "vocab"));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " is not valid JSON: " + e.what());
-  }
-  if (!vocab.is_object() || vocab.empty()) {
-    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path +
-                             " must be a non-empty JSON object of token -> id (GPT-2's encoder.json / vocab.json)");
-  }
-  decoder_.assign(vocab.size(), std::string());
-  std::vector<bool> seen(vocab.size(), false);
-  for (const auto& [token, id_value] : vocab.items()) {
-    if (!id_value.is_number_integer()) {
-      throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + ": the id of token \"" + token +
-                               "\" is not an integer");
-    }
-    const auto id = id_value.get<int64_t>();
-    if (id < 0 || id >= static_cast<int64_t>(vocab.size()) || seen[static_cast<std::size_t>(id)]) {
+  encoder.reserve(vocab.ids.size());
+  decoder_.assign(vocab.ids.size(), std::string());
+  std::vector<bool> seen(vocab.ids.size(), false);
+  for (auto& [token, id] : vocab.ids) {
+    if (id < 0 || id >= static_cast<int64_t>(vocab.ids.size()) || seen[static_cast<std::size_t>(id)]) {
       throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + ": token \"" + token + "\" has id " +
                                std::to_string(id) + ", but ids must be distinct and in [0, " +
-                               std::to_string(vocab.size()) + ")");
+                               std::to_string(vocab.ids.size()) + ")");
     }
     seen[static_cast<std::size_t>(id)] = true;
     decoder_[static_cast<std::size_t>(id)] = token;
@@ -136,23 +200,24 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
   eod_ = eod->second;
 
   std::vector<std::pair<std::string, std::string>> merges;
-  std::istringstream lines(read_file(merges_path, "merges"));
-  std::string line;
+  const std::string merges_text = read_file(merges_path, "merges");
   int64_t line_number = 0;
-  while (std::getline(lines, line)) {
+  for (std::size_t at = 0; at < merges_text.size();) {
+    const std::size_t end = std::min(merges_text.find('\n', at), merges_text.size());
+    std::string_view line(merges_text.data() + at, end - at);
+    at = end + 1;
     ++line_number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || (line_number == 1 && line.rfind("#version", 0) == 0)) continue;
-    std::istringstream fields(line);
-    std::string first, second, extra;
-    if (!(fields >> first >> second) || (fields >> extra)) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_number == 1 && line.substr(0, 8) == "#version")) continue;
+    const std::vector<std::string_view> fields = fields_of(line);
+    if (fields.size() != 2) {
       throw std::runtime_error("GPT2BPETokenizer: " + merges_path + ":" + std::to_string(line_number) +
-                               ": expected two space-separated symbols (a merge \"first second\"), got \"" + line +
-                               "\"");
+                               ": expected two space-separated symbols (a merge \"first second\"), got \"" +
+                               std::string(line) + "\"");
     }
     // The rank is the merge's position; a repeated pair takes its last position, as dict(zip(merges, range(n))) in
     // GPT-2's encoder.py does (and BpeModel).
-    merges.emplace_back(std::move(first), std::move(second));
+    merges.emplace_back(fields[0], fields[1]);
   }
   // Every byte's character must be a token, or some text would have no ids.
   for (int b = 0; b < 256; ++b) {
