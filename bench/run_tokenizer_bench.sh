@@ -9,7 +9,8 @@
 # bench/tokenizer_bench.py makes the corpus (English from /usr/share/doc, 20 MB by default) and trains the tokenizers
 # with the real libraries. Each row prints MB/s of text (median of --rounds, min-max), and whether every id of each
 # side equals the library's (the sha256 of the ids as .bin holds them), then bridge's 2-thread median over its
-# 1-thread one; each round runs both thread counts back to back. Builds nothing: build bridge-preprocess-data.
+# 1-thread one with the CPU seconds of each (all threads); each round runs both thread counts back to back. Builds
+# nothing: build bridge-preprocess-data.
 #
 # Usage: bench/run_tokenizer_bench.sh [--build DIR] [--megabytes N] [--rounds N] [--work DIR] [--rows "gpt2-bpe ..."]
 set -euo pipefail
@@ -41,16 +42,19 @@ corpus="$work/corpus_${megabytes}mb.jsonl"
 bytes=$("$python" -c "import json,sys; print(sum(len(json.loads(l)['text'].encode()) for l in open(sys.argv[1])))" "$corpus")
 echo "corpus: $corpus, $bytes bytes of text; CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
 
-# bridge: one end-to-end run; prints "mb_per_s sha256" of its .bin.
+# bridge: one end-to-end run; prints "mb_per_s cpu_seconds sha256" (CPU: user + system, every thread's).
 bridge_run() {  # type threads flags...
-  local type=$1 threads=$2
+  local type=$1 threads=$2 real user system
   shift 2
-  local start end
-  start=$(date +%s.%N)
-  "$preprocess" --input "$corpus" --output-prefix "$work/out" --append-eod --workers "$threads" --log-interval 0 \
-    --tokenizer-type "$type" "$@" >/dev/null
-  end=$(date +%s.%N)
-  echo "$(awk -v b="$bytes" -v s="$start" -v e="$end" 'BEGIN { printf "%.2f", b / (e - s) / 1e6 }')" \
+  TIMEFORMAT='%3R %3U %3S'
+  if ! { time "$preprocess" --input "$corpus" --output-prefix "$work/out" --append-eod --workers "$threads" \
+      --log-interval 0 --tokenizer-type "$type" "$@" >/dev/null; } 2>"$work/time.txt"; then
+    cat "$work/time.txt" >&2
+    return 1
+  fi
+  read -r real user system < <(tail -1 "$work/time.txt")
+  echo "$(awk -v b="$bytes" -v s="$real" 'BEGIN { printf "%.2f", b / s / 1e6 }')" \
+    "$(awk -v u="$user" -v s="$system" 'BEGIN { printf "%.3f", u + s }')" \
     "$(sha256sum "$work/out_text_document.bin" | cut -d' ' -f1)"
 }
 library_run() {  # library threads
@@ -73,11 +77,11 @@ for row in $rows; do
     *) echo "unknown row $row (gpt2-bpe hf-bpe sp-bpe sp-llama2)" >&2; exit 2 ;;
   esac
   # Each round runs 1 and 2 threads back to back, so that the machine's drift (shared cores) falls on both alike.
-  declare -A speeds=() digests=()
+  declare -A speeds=() cpus=() digests=()
   for ((r = 0; r < rounds; r++)); do
     for threads in 1 2; do
-      read -r speed digest < <(bridge_run "${flags[0]}" "$threads" "${flags[@]:1}")
-      speeds[bridge$threads]+="$speed "; digests[bridge$threads]=$digest
+      read -r speed cpu digest < <(bridge_run "${flags[0]}" "$threads" "${flags[@]:1}")
+      speeds[bridge$threads]+="$speed "; cpus[bridge$threads]+="$cpu "; digests[bridge$threads]=$digest
       for library in "${libraries[@]}"; do
         read -r speed digest < <(library_run "$library" "$threads")
         speeds[$library$threads]+="$speed "; digests[$library$threads]=$digest
@@ -94,9 +98,10 @@ for row in $rows; do
       "$(summary ${speeds[${libraries[0]}$threads]})" \
       "$( [[ ${#libraries[@]} -gt 1 ]] && summary ${speeds[tiktoken$threads]} || echo -)" "$equal"
   done
+  # The CPU seconds tell the work that a second thread adds from what a busy host takes away.
   # shellcheck disable=SC2086
-  printf "%-9s 2 vs 1   bridge %.2fx\n" "$row" \
+  printf "%-9s 2 vs 1   bridge %.2fx (CPU seconds %s at 1 thread, %s at 2)\n" "$row" \
     "$(awk -v a="$(summary ${speeds[bridge2]} | cut -d' ' -f1)" -v b="$(summary ${speeds[bridge1]} | cut -d' ' -f1)" \
-       'BEGIN { print a / b }')"
-  unset speeds digests
+       'BEGIN { print a / b }')" "$(summary ${cpus[bridge1]})" "$(summary ${cpus[bridge2]})"
+  unset speeds cpus digests
 done
