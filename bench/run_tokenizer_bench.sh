@@ -8,9 +8,9 @@
 #   sp-llama2  bridge's Llama2Tokenizer | the same, a 16k BPE with Llama-2's settings (whitespace runs kept)
 # bench/tokenizer_bench.py makes the corpus (English from /usr/share/doc, 20 MB by default) and trains the tokenizers
 # with the real libraries. Each row prints MB/s of text (median of --rounds, min-max), and whether every id of each
-# side equals the library's (the sha256 of the ids as .bin holds them), then bridge's 2-thread median over its
-# 1-thread one with the CPU seconds of each (all threads); each round runs both thread counts back to back. Builds
-# nothing: build bridge-preprocess-data.
+# side equals the library's (the sha256 of the ids as .bin holds them), then bridge's 2-thread speed over its 1-thread
+# one (each round runs both back to back: the median of the rounds' ratios, min-max) with the CPU seconds of each (all
+# threads). Builds nothing: build bridge-preprocess-data.
 #
 # Usage: bench/run_tokenizer_bench.sh [--build DIR] [--megabytes N] [--rounds N] [--work DIR] [--rows "gpt2-bpe ..."]
 set -euo pipefail
@@ -98,10 +98,15 @@ for row in $rows; do
       "$(summary ${speeds[${libraries[0]}$threads]})" \
       "$( [[ ${#libraries[@]} -gt 1 ]] && summary ${speeds[tiktoken$threads]} || echo -)" "$equal"
   done
-  # The CPU seconds tell the work that a second thread adds from what a busy host takes away.
+  # The ratio of each round's two runs (back to back, so a busy host weighs on both alike), median and min-max; the
+  # CPU seconds tell the work that a second thread adds from what a busy host takes away.
+  ratios=()
+  read -ra one <<<"${speeds[bridge1]}"
+  read -ra two <<<"${speeds[bridge2]}"
+  for ((r = 0; r < rounds; r++)); do ratios+=("$(awk -v a="${two[r]}" -v b="${one[r]}" 'BEGIN { print a / b }')"); done
+  read -r ratio spread <<<"$(summary "${ratios[@]}")"
   # shellcheck disable=SC2086
-  printf "%-9s 2 vs 1   bridge %.2fx (CPU seconds %s at 1 thread, %s at 2)\n" "$row" \
-    "$(awk -v a="$(summary ${speeds[bridge2]} | cut -d' ' -f1)" -v b="$(summary ${speeds[bridge1]} | cut -d' ' -f1)" \
-       'BEGIN { print a / b }')" "$(summary ${cpus[bridge1]})" "$(summary ${cpus[bridge2]})"
+  printf "%-9s 2 vs 1   bridge %sx %s (CPU seconds %s at 1 thread, %s at 2)\n" "$row" "$ratio" "$spread" \
+    "$(summary ${cpus[bridge1]})" "$(summary ${cpus[bridge2]})"
   unset speeds cpus digests
 done
