@@ -76,12 +76,15 @@ for row in $rows; do
                libraries=(sentencepiece-llama2) ;;
     *) echo "unknown row $row (gpt2-bpe hf-bpe sp-bpe sp-llama2)" >&2; exit 2 ;;
   esac
-  # Each round runs 1 and 2 threads back to back, so that the machine's drift (shared cores) falls on both alike.
+  # Each round runs bridge at 1 and 2 threads back to back, then each library at 1 and 2, so that the machine's
+  # drift (shared cores) falls on both of a pair alike, and each pair follows the same kind of run.
   declare -A speeds=() cpus=() digests=()
   for ((r = 0; r < rounds; r++)); do
     for threads in 1 2; do
       read -r speed cpu digest < <(bridge_run "${flags[0]}" "$threads" "${flags[@]:1}")
       speeds[bridge$threads]+="$speed "; cpus[bridge$threads]+="$cpu "; digests[bridge$threads]=$digest
+    done
+    for threads in 1 2; do
       for library in "${libraries[@]}"; do
         read -r speed digest < <(library_run "$library" "$threads")
         speeds[$library$threads]+="$speed "; digests[$library$threads]=$digest
