@@ -1,6 +1,8 @@
 // JSON lines and text paragraphs -> indexed datasets, tokenized on worker threads and written in input order. The
 // calling thread reads the next batch and writes finished ones while the workers tokenize, as Megatron's main
-// process feeds its pool and writes what comes back: reading and writing stay off the workers' critical path.
+// process feeds its pool and writes what comes back: reading and writing stay off the workers' critical path. The
+// workers also parse the JSON and convert their ids to the output's dtype, so the calling thread, which a second
+// worker shares the cores with, does as little as it can.
 #include "training/datasets/preprocess_data.h"
 
 #include <algorithm>
