@@ -44,7 +44,7 @@ echo "corpus: $corpus, $bytes bytes of text; CPU: $(sed -n 's/^model name\s*: //
 
 # bridge: one end-to-end run; prints "mb_per_s cpu_seconds sha256" (CPU: user + system, every thread's).
 bridge_run() {  # type threads flags...
-  local type=$1 threads=$2 real user system
+  local type=$1 threads=$2 real user system TIMEFORMAT
   shift 2
   TIMEFORMAT='%3R %3U %3S'
   if ! { time "$preprocess" --input "$corpus" --output-prefix "$work/out" --append-eod --workers "$threads" \

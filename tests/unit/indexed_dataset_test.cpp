@@ -139,6 +139,8 @@ TEST(IndexedDatasetBuilderTest, ConvertedDocumentsAreCheckedLikeTokens) {
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("token 65536 (position 2) does not fit uint16"));
   }
+  EXPECT_TRUE(bytes.empty()) << "a token that does not fit appends nothing";
+  EXPECT_THROW(append_token_bytes(tokens.data(), 1, DType::kFloat32, bytes), std::invalid_argument);
   append_token_bytes(tokens.data(), 2, DType::kUInt16, bytes);
   EXPECT_EQ(bytes, (std::vector<unsigned char>{7, 0, 255, 255}));
   EXPECT_THROW(builder.add_document_bytes(bytes, {1}), std::invalid_argument);      // lengths sum to 1 of 2 tokens

@@ -122,6 +122,37 @@ TEST(PreprocessDataTest, LinesLongerThanTheReaderBufferAreReadWhole) {
   }
 }
 
+// Text paragraphs across reads: a "\r\n" whose '\r' ends one read and whose '\n' starts the next, inside a line that
+// began in the first read, and a paragraph longer than a read.
+TEST(PreprocessDataTest, ParagraphsAndLineEndsAcrossTheReaderBuffer) {
+  ScratchDir dir;
+  const std::size_t mib = std::size_t{1} << 20;
+  const std::string first = "para one\r\n";
+  const std::string straddling(mib - 1 - first.size(), 'b');  // its '\r' is the read's last byte
+  const std::string long_line(mib * 3 / 2, 'c');
+  write_bytes(dir / "book.txt", first + straddling + "\r\n\r\npara two " + long_line + "\r\nsecond line\r\n");
+  PreprocessConfig config = in_process(dir, dir / "book.txt");
+  config.input_format = InputFormat::kText;
+  preprocess_data(config);
+  IndexedDataset dataset(dir / "out_text_document");
+  ASSERT_EQ(dataset.size(), 2);
+  EXPECT_EQ(dataset.get(0), bytes_of("para one\n" + straddling));
+  EXPECT_EQ(dataset.get(1), bytes_of("para two " + long_line + "\nsecond line"));
+}
+
+TEST(PreprocessDataTest, AnInputThatCannotBeReadIsAnError) {
+  ScratchDir dir;
+  testing::fs::create_directory(dir / "folder.jsonl");
+  PreprocessConfig config = in_process(dir, dir / "folder.jsonl");
+  try {
+    preprocess_data(config);
+    ADD_FAILURE() << "read a folder as an empty corpus";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot read the input " + dir / "folder.jsonl"));
+  }
+  EXPECT_FALSE(testing::fs::exists(dir / "out_text_document.bin"));
+}
+
 TEST(PreprocessDataTest, TextParagraphsBecomeDocuments) {
   ScratchDir dir;
   write_bytes(dir / "book.txt", "\nFirst line\n  second line\n\n \t\nPara two\r\nends here\r\n\n\nLast");

@@ -173,18 +173,22 @@ TEST_F(GPT2BPETokenizerTest, BadFilesNameTheFileAndLine) {
   };
   expect_error(dir_ / "absent.json", dir_ / "merges.txt", "cannot open the vocab file " + dir_ / "absent.json");
   write_bytes(dir_ / "broken.json", "{\"a\": 0,");
-  expect_error(dir_ / "broken.json", dir_ / "merges.txt", dir_ / "broken.json");
+  expect_error(dir_ / "broken.json", dir_ / "merges.txt", dir_ / "broken.json: not valid JSON");
+  write_bytes(dir_ / "huge.json", "{\"a\": 18446744073709551615}");
+  expect_error(dir_ / "huge.json", dir_ / "merges.txt", "token \"a\" has id 18446744073709551615, past any");
   write_bytes(dir_ / "no_eod.json", "{\"a\": 0}");
   expect_error(dir_ / "no_eod.json", dir_ / "merges.txt", "<|endoftext|>");
   write_bytes(dir_ / "gap.json", "{\"a\": 0, \"<|endoftext|>\": 5}");
   expect_error(dir_ / "gap.json", dir_ / "merges.txt", "ids must be distinct");
   write_bytes(dir_ / "text_id.json", "{\"a\": 0, \"b\": \"1\"}");
-  expect_error(dir_ / "text_id.json", dir_ / "merges.txt", "the id of token \"b\" is not an integer");
+  expect_error(dir_ / "text_id.json", dir_ / "merges.txt",
+               dir_ / "text_id.json: the id of token \"b\" is not an integer");
   write_bytes(dir_ / "nested.json", "{\"a\": {\"b\": 1}}");
   expect_error(dir_ / "nested.json", dir_ / "merges.txt", "the id of token \"a\" is not an integer");
   for (const std::string not_an_object : {"[\"a\", 0]", "7", "{}"}) {
     write_bytes(dir_ / "list.json", not_an_object);
-    expect_error(dir_ / "list.json", dir_ / "merges.txt", "must be a non-empty JSON object of token -> id");
+    expect_error(dir_ / "list.json", dir_ / "merges.txt",
+                 dir_ / "list.json: must be a non-empty JSON object of token -> id (GPT-2's encoder.json");
   }
   write_bytes(dir_ / "bad_merges.txt", "#version: 0.2\nh e\nonlyone\n");
   expect_error(dir_ / "vocab.json", dir_ / "bad_merges.txt", dir_ / "bad_merges.txt" + ":3");

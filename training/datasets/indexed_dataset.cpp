@@ -196,12 +196,14 @@ void narrow(const int64_t* tokens, std::size_t count, unsigned char* out) {
 }  // namespace
 
 void append_token_bytes(const int64_t* tokens, std::size_t count, DType dtype, std::vector<unsigned char>& out) {
+  if (!is_valid_code(static_cast<uint8_t>(dtype)) || !is_integer(dtype)) {
+    throw std::invalid_argument("append_token_bytes: tokens need an integer dtype, got " + dtype_name(dtype));
+  }
   const auto [lowest, highest] = integer_range(dtype);
   for (std::size_t i = 0; i < count; ++i) {
     if (tokens[i] < lowest || tokens[i] > highest) {
       throw std::invalid_argument("token " + std::to_string(tokens[i]) + " (position " + std::to_string(i) +
-                                  ") does not fit " + dtype_name(dtype) +
-                                  "; use a wider dtype (optimal_dtype of the tokenizer's vocab_size)");
+                                  ") does not fit " + dtype_name(dtype));
     }
   }
   const std::size_t at = out.size();
@@ -392,13 +394,15 @@ IndexedDatasetBuilder::IndexedDatasetBuilder(std::string path_prefix, DType dtyp
                              std::to_string(reinterpret_cast<uintptr_t>(this));
   bin_tmp_ = path_prefix_ + ".bin" + suffix;
   idx_tmp_ = path_prefix_ + ".idx" + suffix;
+  bin_buffer_ = std::make_unique<char[]>(kBinBufferBytes);
   bin_file_ = std::fopen(bin_tmp_.c_str(), "wb");
   if (bin_file_ == nullptr) {
     throw std::runtime_error("IndexedDatasetBuilder: cannot create " + bin_tmp_ + ": " + errno_text() +
                              " (does the output folder exist and is it writable?)");
   }
-  // Documents are a few KB: a 1 MiB buffer writes them in a few large calls rather than one per 4 KB.
-  std::setvbuf(bin_file_, nullptr, _IOFBF, std::size_t{1} << 20);
+  // Documents are a few KB: a 1 MiB buffer writes them in a few large calls rather than one per 4 KB. (glibc ignores
+  // the size unless it is given the buffer, allocated above so that nothing can throw after the file is open.)
+  std::setvbuf(bin_file_, bin_buffer_.get(), _IOFBF, kBinBufferBytes);
 }
 
 IndexedDatasetBuilder::~IndexedDatasetBuilder() {
@@ -418,7 +422,8 @@ void IndexedDatasetBuilder::write_tokens(const std::vector<int64_t>& tokens) {
   try {
     append_token_bytes(tokens.data(), tokens.size(), dtype_, bytes_);
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("IndexedDatasetBuilder: document " + std::to_string(num_documents()) + ": " + e.what());
+    throw std::invalid_argument("IndexedDatasetBuilder: document " + std::to_string(num_documents()) + ": " + e.what() +
+                                "; use a wider dtype (optimal_dtype of the tokenizer's vocab_size)");
   }
   write_all(bin_file_, bytes_.data(), bytes_.size(), bin_tmp_);
 }
@@ -442,24 +447,25 @@ void IndexedDatasetBuilder::add_document(const std::vector<int64_t>& tokens) {
   end_document();
 }
 
-void IndexedDatasetBuilder::check_lengths(const std::vector<int64_t>& lengths, int64_t tokens) const {
-  if (finalized_) throw std::logic_error("IndexedDatasetBuilder: " + path_prefix_ + " was already finalized");
+void IndexedDatasetBuilder::check_lengths(const char* caller, const std::vector<int64_t>& lengths,
+                                          int64_t tokens) const {
   int64_t total = 0;
   for (const int64_t length : lengths) {
     if (length < 0 || length > std::numeric_limits<int32_t>::max()) {
-      throw std::invalid_argument("IndexedDatasetBuilder::add_document: sequence length " + std::to_string(length) +
-                                  " is not in [0, 2^31)");
+      throw std::invalid_argument(std::string("IndexedDatasetBuilder::") + caller + ": sequence length " +
+                                  std::to_string(length) + " is not in [0, 2^31)");
     }
     total += length;
   }
   if (total != tokens) {
-    throw std::invalid_argument("IndexedDatasetBuilder::add_document: the lengths sum to " + std::to_string(total) +
-                                " but the document has " + std::to_string(tokens) + " tokens");
+    throw std::invalid_argument(std::string("IndexedDatasetBuilder::") + caller + ": the lengths sum to " +
+                                std::to_string(total) + " but the document has " + std::to_string(tokens) + " tokens");
   }
 }
 
 void IndexedDatasetBuilder::add_document(const std::vector<int64_t>& tokens, const std::vector<int64_t>& lengths) {
-  check_lengths(lengths, static_cast<int64_t>(tokens.size()));
+  if (finalized_) throw std::logic_error("IndexedDatasetBuilder: " + path_prefix_ + " was already finalized");
+  check_lengths("add_document", lengths, static_cast<int64_t>(tokens.size()));
   write_tokens(tokens);
   for (const int64_t length : lengths) sequence_lengths_.push_back(static_cast<int32_t>(length));
   end_document();
@@ -467,12 +473,13 @@ void IndexedDatasetBuilder::add_document(const std::vector<int64_t>& tokens, con
 
 void IndexedDatasetBuilder::add_document_bytes(const std::vector<unsigned char>& bytes,
                                                const std::vector<int64_t>& lengths) {
+  if (finalized_) throw std::logic_error("IndexedDatasetBuilder: " + path_prefix_ + " was already finalized");
   const std::size_t item = dtype_size(dtype_);
   if (bytes.size() % item != 0) {
     throw std::invalid_argument("IndexedDatasetBuilder::add_document_bytes: " + std::to_string(bytes.size()) +
                                 " bytes are not whole " + dtype_name(dtype_) + " tokens");
   }
-  check_lengths(lengths, static_cast<int64_t>(bytes.size() / item));
+  check_lengths("add_document_bytes", lengths, static_cast<int64_t>(bytes.size() / item));
   write_all(bin_file_, bytes.data(), bytes.size(), bin_tmp_);
   for (const int64_t length : lengths) sequence_lengths_.push_back(static_cast<int32_t>(length));
   end_document();
@@ -520,7 +527,8 @@ void IndexedDatasetBuilder::finalize() {
     // The old .idx goes first, then the old .bin, then the new .bin and .idx are renamed in: a reader never pairs a
     // new .bin with an old .idx (whose sizes might happen to fit). Removing the old .bin, rather than renaming over
     // it, also spares the run ext4's synchronous write-back of a file that replaces another (auto_da_alloc: 15 ms per
-    // 10 MB here), a flush that an output written for the first time never got either.
+    // 10 MB here), a flush that an output written for the first time never got either. Nothing is fsync'd, as in
+    // Megatron's builder: after a crash the reader's size checks name a .bin cut short.
     std::remove((path_prefix_ + ".idx").c_str());
     std::remove((path_prefix_ + ".bin").c_str());
     for (const auto& [from, to] :

@@ -46,7 +46,8 @@ std::string dtype_name(DType dtype);
 DType optimal_dtype(int64_t vocab_size);
 
 /// Appends `count` tokens to `out` in `dtype`'s bytes, as a .bin holds them (IndexedDatasetBuilder::add_document_bytes
-/// takes them). Throws std::invalid_argument naming the first token `dtype` cannot hold and its position.
+/// takes them). Throws std::invalid_argument naming the first token `dtype` cannot hold and its position, appending
+/// nothing, or when `dtype` is not an integer type.
 void append_token_bytes(const int64_t* tokens, std::size_t count, DType dtype, std::vector<unsigned char>& out);
 
 /// Where a token was found: sequence `sequence` (of document `document`), token `position` of it, and its value.
@@ -139,7 +140,7 @@ class IndexedDatasetBuilder {
 
  private:
   void write_tokens(const std::vector<int64_t>& tokens);
-  void check_lengths(const std::vector<int64_t>& lengths, int64_t tokens) const;
+  void check_lengths(const char* caller, const std::vector<int64_t>& lengths, int64_t tokens) const;
   void remove_temporaries() noexcept;
 
   std::string path_prefix_, bin_tmp_, idx_tmp_;
@@ -148,6 +149,8 @@ class IndexedDatasetBuilder {
   std::vector<int32_t> sequence_lengths_;
   std::vector<int64_t> document_indices_{0};
   std::vector<unsigned char> bytes_;  // write_tokens' conversion, kept between documents
+  static constexpr std::size_t kBinBufferBytes = std::size_t{1} << 20;
+  std::unique_ptr<char[]> bin_buffer_;  // bin_file_'s; closed before this member goes
   bool finalized_ = false;
 };
 

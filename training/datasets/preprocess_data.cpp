@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -43,15 +44,24 @@ struct EncodedDocument {
 EncodedDocument encode_pieces(const Tokenizer& tokenizer, const std::vector<std::string>& pieces, bool append_eod,
                               DType dtype) {
   EncodedDocument document;
+  // The dtype holds every id below the tokenizer's vocab_size, so an id that does not fit is the tokenizer's fault.
+  const auto append = [&](const int64_t* ids, std::size_t count) {
+    try {
+      append_token_bytes(ids, count, dtype, document.token_bytes);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error("the tokenizer gave an id outside its vocabulary of " +
+                               std::to_string(tokenizer.vocab_size()) + ": " + e.what());
+    }
+  };
   for (const std::string& piece : pieces) {
     const std::vector<int64_t> ids = tokenizer.encode(piece);
     if (ids.empty()) continue;
-    append_token_bytes(ids.data(), ids.size(), dtype, document.token_bytes);
+    append(ids.data(), ids.size());
     document.lengths.push_back(static_cast<int64_t>(ids.size()));
   }
   if (append_eod && !document.lengths.empty()) {
     const int64_t eod = tokenizer.eod();
-    append_token_bytes(&eod, 1, dtype, document.token_bytes);
+    append(&eod, 1);
     document.lengths.back() += 1;
   }
   return document;
@@ -60,12 +70,19 @@ EncodedDocument encode_pieces(const Tokenizer& tokenizer, const std::vector<std:
 // Calls `line(text)` for each line of `in`, without its '\n', as std::getline splits them. Reads 1 MiB at a time
 // and gives views into it, so that a document's string is made once at its size: getline grows a string from empty,
 // several reallocations per document on the one thread that feeds every worker.
+// A read that fails (an I/O error, or an input that is a folder) is an error naming `path`, not the end of the input.
 template <typename Line>
-void for_each_line(std::istream& in, Line&& line) {
+void for_each_line(std::istream& in, const std::string& path, Line&& line) {
   std::vector<char> buffer(std::size_t{1} << 20);
   std::string partial;  // a line that runs past the buffer
   while (in) {
+    errno = 0;
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    if (in.bad()) {
+      throw std::runtime_error("cannot read the input " + path +
+                               (errno != 0 ? ": " + std::string(std::strerror(errno)) : "") +
+                               " (is it a readable file, not a folder?)");
+    }
     const char* at = buffer.data();
     const char* const end = at + in.gcount();
     while (at < end) {
@@ -255,7 +272,7 @@ class Preprocessor {
   // The non-blank lines; parsing them is the workers' (parse_json below), so that it scales with them.
   void json_lines(std::istream& in, const Take& take) const {
     int64_t number = 0;
-    for_each_line(in, [&](std::string_view line) {
+    for_each_line(in, config_.input, [&](std::string_view line) {
       ++number;
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
       take(RawDocument{number, std::string(line), {}});
@@ -301,7 +318,7 @@ class Preprocessor {
       take(RawDocument{first_line, {}, {{paragraph}}});
       paragraph.clear();
     };
-    for_each_line(in, [&](std::string_view line) {
+    for_each_line(in, config_.input, [&](std::string_view line) {
       ++number;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       if (line.find_first_not_of(" \t") == std::string_view::npos) {

@@ -103,6 +103,9 @@ std::string read_file(const std::string& path, const char* what) {
 // A repeated token keeps its last id, as a parse (and Python's json) does.
 class VocabReader : public nlohmann::json_sax<nlohmann::json> {
  public:
+  static constexpr const char* kNotAnObject =
+      "must be a non-empty JSON object of token -> id (GPT-2's encoder.json / vocab.json)";
+
   std::unordered_map<std::string, int64_t> ids;
   std::string error;  // what is wrong, when a callback stopped the parse
 
@@ -121,7 +124,9 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
   }
   bool number_integer(number_integer_t id) override { return depth_ == 1 ? add(id) : not_an_object(); }
   bool number_unsigned(number_unsigned_t id) override {
-    if (id > static_cast<number_unsigned_t>(std::numeric_limits<int64_t>::max())) return not_an_id();
+    if (id > static_cast<number_unsigned_t>(std::numeric_limits<int64_t>::max())) {
+      return fail("token \"" + token_ + "\" has id " + std::to_string(id) + ", past any vocabulary's size");
+    }
     return number_integer(static_cast<int64_t>(id));
   }
   bool null() override { return not_an_id(); }
@@ -133,7 +138,7 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override { return true; }
   bool parse_error(std::size_t /*position*/, const std::string& /*token*/,
                    const nlohmann::detail::exception& e) override {
-    error = std::string("is not valid JSON: ") + e.what();
+    error = std::string("not valid JSON: ") + e.what();
     return false;
   }
 
@@ -145,9 +150,7 @@ class VocabReader : public nlohmann::json_sax<nlohmann::json> {
   bool not_an_id() {
     return depth_ == 1 ? fail("the id of token \"" + token_ + "\" is not an integer") : not_an_object();
   }
-  bool not_an_object() {
-    return fail("must be a non-empty JSON object of token -> id (GPT-2's encoder.json / vocab.json)");
-  }
+  bool not_an_object() { return fail(kNotAnObject); }
   bool fail(std::string what) {
     error = std::move(what);
     return false;
@@ -175,8 +178,8 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
     : vocab_json_path_(vocab_json_path) {
   VocabReader vocab;
   if (!nlohmann::json::sax_parse(read_file(vocab_json_path, "vocab"), &vocab) || vocab.ids.empty()) {
-    if (vocab.error.empty()) vocab.error = "must be a non-empty JSON object of token -> id";
-    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " " + vocab.error);
+    if (vocab.error.empty()) vocab.error = VocabReader::kNotAnObject;
+    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + ": " + vocab.error);
   }
   std::unordered_map<std::string, int32_t> encoder;
   encoder.reserve(vocab.ids.size());
