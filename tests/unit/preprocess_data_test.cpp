@@ -11,6 +11,7 @@
 
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/unit/datasets_test_support.h"
@@ -140,19 +141,6 @@ TEST(PreprocessDataTest, ParagraphsAndLineEndsAcrossTheReaderBuffer) {
   EXPECT_EQ(dataset.get(1), bytes_of("para two " + long_line + "\nsecond line"));
 }
 
-TEST(PreprocessDataTest, AnInputThatCannotBeReadIsAnError) {
-  ScratchDir dir;
-  testing::fs::create_directory(dir / "folder.jsonl");
-  PreprocessConfig config = in_process(dir, dir / "folder.jsonl");
-  try {
-    preprocess_data(config);
-    ADD_FAILURE() << "read a folder as an empty corpus";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cannot read the input " + dir / "folder.jsonl"));
-  }
-  EXPECT_FALSE(testing::fs::exists(dir / "out_text_document.bin"));
-}
-
 TEST(PreprocessDataTest, TextParagraphsBecomeDocuments) {
   ScratchDir dir;
   write_bytes(dir / "book.txt", "\nFirst line\n  second line\n\n \t\nPara two\r\nends here\r\n\n\nLast");
@@ -189,13 +177,18 @@ TEST(PreprocessDataTest, BadInputNamesFileAndLineAndLeavesNoFiles) {
   expect_failure("{\"body\": \"x\"}\n", {"text"}, ":1: no field \"text\" (the line has: body)");
   expect_failure("{\"text\": 5}\n", {"text"}, ":1: field \"text\" must be a string or a list of strings, got number");
   expect_failure("{\"text\": \"a\"}\n", {"text", "title"}, ":1: no field \"title\"");
-  PreprocessConfig absent = in_process(dir, dir / "absent.jsonl");
-  try {
-    preprocess_data(absent);
-    ADD_FAILURE() << "read an absent file";
-  } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cannot open the input " + dir / "absent.jsonl"));
+  // An input that cannot be opened, or read (a folder: reading it fails, which is no empty corpus).
+  testing::fs::create_directory(dir / "folder.jsonl");
+  for (const auto& [input, part] : {std::pair<std::string, std::string>{"absent.jsonl", "cannot open the input "},
+                                    {"folder.jsonl", "cannot read the input "}}) {
+    try {
+      preprocess_data(in_process(dir, dir / input));
+      ADD_FAILURE() << "read " << input;
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(part + dir / input));
+    }
   }
+  EXPECT_FALSE(testing::fs::exists(dir / "out_text_document.bin"));
 }
 
 TEST(PreprocessDataTest, ProgramReportsBadInputWithStatus1) {
