@@ -99,7 +99,8 @@ std::string read_file(const std::string& path, const char* what) {
 }
 
 // vocab.json's token -> id object, read as nlohmann parses it (its SAX interface) rather than through the document
-// a parse builds, which took half the tokenizer's load (a tree of 50,000 nodes, copied once more into the encoder).
+// a parse builds (a node per token, copied once more into the encoder): the load of a 16k vocabulary went from 30 to
+// 22 ms, serial time before any worker starts.
 // A repeated token keeps its last id, as a parse (and Python's json) does.
 class VocabReader : public nlohmann::json_sax<nlohmann::json> {
  public:
