@@ -81,7 +81,18 @@ double TrainingLogger::seconds_since_start() const {
 }
 
 bool TrainingLogger::is_console_step(int64_t iteration) const {
-  return iteration % setup_.config.logging.log_interval == 0;
+  // Also the first step of the run, so that it shows its progress (and an ETA) at once, not after log_interval steps.
+  return iteration % setup_.config.logging.log_interval == 0 || iteration == loaded_iteration_ + 1;
+}
+
+std::optional<double> TrainingLogger::eta_seconds(int64_t iteration, double now) const {
+  const int64_t train_iters = setup_.config.train.train_iters;
+  if (train_iters <= 0) return std::nullopt;
+  // The mean step after the first (which carries the start-up) times the steps left; evaluations so far count in
+  // the steps they followed, as the ones to come will.
+  const int64_t timed = iteration - loaded_iteration_ - 1;
+  const double per_step = timed > 0 ? (now - first_step_seconds_) / static_cast<double>(timed) : now;
+  return per_step * static_cast<double>(std::max<int64_t>(0, train_iters - iteration));
 }
 
 bool TrainingLogger::is_writer_step(int64_t iteration) const {
@@ -97,7 +108,9 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   const int64_t iteration = train_state.step;
   utils::accumulate_losses(total_loss_dict_, loss_dict, skipped_iter);
   train_state.floating_point_operations_so_far += flops_per_step_;
-  history_wct_.push_back(seconds_since_start());
+  const double step_end = seconds_since_start();
+  if (iteration == loaded_iteration_ + 1) first_step_seconds_ = step_end;
+  history_wct_.push_back(step_end);
   while (static_cast<int64_t>(history_wct_.size()) > logging.throughput_window_size) history_wct_.pop_front();
 
   const bool console = is_console_step(iteration);
@@ -163,6 +176,7 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   // The record on_log callbacks see and may extend; at writer steps it is what the writers get.
   LogRecord record;
   record.iteration = iteration;
+  record.eta_seconds = eta_seconds(iteration, step_end);  // a callback with a better estimate replaces it
   const double samples = static_cast<double>(train_state.consumed_train_samples);
   record.metrics["samples vs steps"] = samples;
   record.metrics["learning-rate"] = learning_rate;
@@ -222,6 +236,7 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
     }
   }
   setup_.fire_training(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
+  record.complete();  // what every on_log callback added is final: for those that asked to read it (ControlEndpoint)
 
   if (console) {
     // Until the step after the first, every data-parallel rank 0 shows its own memory (the peak with optimizer state).
@@ -237,6 +252,8 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
       line.timestamp = utils::log_timestamp();
       line.iteration = iteration;
       line.train_iters = config.train.train_iters;
+      line.elapsed_seconds = step_end;
+      line.eta_seconds = record.eta_seconds;
       line.consumed_samples = train_state.consumed_train_samples;
       line.skipped_samples = train_state.skipped_train_samples;
       line.learning_rate = learning_rate;

@@ -1,8 +1,9 @@
 // TrainingLogger: what pretrain() does after each step to log it (Megatron-Bridge's training_log as the loop calls
-// it). Every rank accumulates the losses; at a log step (every logging.log_interval steps for the console,
-// logging.tensorboard_log_interval for the writers) all ranks share their statistics and the pending control
-// requests in ONE collective, fire on_log, and the last rank prints Megatron's line and writes the metrics. Only the
-// last rank's on_log text reaches the console line, and only its metrics the writers.
+// it). Every rank accumulates the losses; at a log step (every logging.log_interval steps and the run's first step
+// for the console, logging.tensorboard_log_interval for the writers) all ranks share their statistics and the
+// pending control requests in ONE collective, fire on_log, and the last rank prints Megatron's line, with the time
+// elapsed and the ETA, and writes the metrics. Only the last rank's on_log text reaches the console line, and only
+// its metrics the writers.
 #pragma once
 
 #include <chrono>
@@ -60,6 +61,8 @@ class TrainingLogger {
   bool is_console_step(int64_t iteration) const;
   bool is_writer_step(int64_t iteration) const;
   double seconds_since_start() const;
+  /// The time left after step `iteration`, done `now` seconds after the start; nothing without train.train_iters.
+  std::optional<double> eta_seconds(int64_t iteration, double now) const;
 
   PretrainSetup& setup_;
   bool writer_rank_ = false;
@@ -68,7 +71,8 @@ class TrainingLogger {
   utils::TotalLossDict total_loss_dict_;
   std::chrono::steady_clock::time_point start_, interval_start_;
   double start_wall_ = 0.0;
-  std::deque<double> history_wct_;  // seconds since start at the end of each recent step
+  std::deque<double> history_wct_;   // seconds since start at the end of each recent step
+  double first_step_seconds_ = 0.0;  // seconds since start at the end of the run's first step
   double flops_per_step_ = 0.0;
   double flops_at_last_log_ = 0.0;
   bool report_memory_flag_ = true;

@@ -142,7 +142,7 @@ int run_count(int64_t log_interval, bool with_on_log) {
   // Step i (1-based) ends with its boundary: the first log step with per-parameter grad norms gathers the names once.
   for (std::size_t i = 0; i + 1 < world_deltas[1].size(); ++i) {
     const int64_t step = static_cast<int64_t>(i) + 1;
-    const bool log_step = step % log_interval == 0;
+    const bool log_step = step % log_interval == 0 || step == 1;  // the run's first step is logged too
     int64_t expected = 1;
     if (log_step && with_on_log) expected += 1;
     if (step == log_interval) expected += 2;

@@ -218,6 +218,24 @@ TEST(EarlyStopping, MinDeltaModeMaxThresholdsAndNonFiniteValues) {
   }
 }
 
+// The validation after training (after on_train_end) is not checked: a stop already taken would be asked for, and
+// logged, a second time.
+TEST(EarlyStopping, TheValidationAfterTrainingDoesNotAskAgain) {
+  EarlyStoppingOptions options;
+  options.patience = 1;
+  Driver driver(std::make_shared<EarlyStopping>(options));
+  driver.fire(Event::kTrainStart);
+  driver.eval_end(5.0);
+  driver.eval_end(5.0);
+  EXPECT_THAT(driver.take(), SizeIs(1));
+  driver.fire(Event::kTrainEnd);
+  driver.eval_end(5.0);
+  EXPECT_THAT(driver.take(), IsEmpty());
+  driver.fire(Event::kTrainStart);  // a next run checks again
+  driver.eval_end(5.0);
+  EXPECT_THAT(driver.take(), SizeIs(1));
+}
+
 TEST(EarlyStopping, StateCarriesTheWaitIntoAResumedRun) {
   EarlyStoppingOptions options;
   options.patience = 3;
@@ -261,6 +279,9 @@ TEST(ThresholdStopper, StopsOnceTheMetricPassesTheThreshold) {
   ASSERT_THAT(requests, SizeIs(1));
   EXPECT_EQ(requests[0].action, ControlAction::kStop);
   EXPECT_THAT(requests[0].reason, HasSubstr("lm loss validation = 2.99 is below the threshold 3"));
+  below.fire(Event::kTrainEnd);
+  below.eval_end(2.5);  // the validation after training: nothing left to stop, nothing asked
+  EXPECT_THAT(below.take(), IsEmpty());
 
   options.monitor = "throughput/tokens_per_sec";
   options.mode = "max";
@@ -462,8 +483,10 @@ TEST(RuntimeEstimator, ExtrapolatesTheStepTimeAndLeavesEvaluationOut) {
   // 15 steps left at about 20 ms; with the skipped step or the evaluation counted it would be at least 0.75 s more.
   EXPECT_GT(remaining, 15 * 0.019);
   EXPECT_LT(remaining, 15 * 0.019 + 0.7);
-  ASSERT_THAT(record.text, SizeIs(1));
-  EXPECT_THAT(record.text[0], HasSubstr("ETA: 0:00:0"));
+  // The line's ETA (and ControlEndpoint's), in seconds: one ETA on the line, this estimator's.
+  EXPECT_THAT(record.text, IsEmpty());
+  ASSERT_TRUE(record.eta_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*record.eta_seconds, remaining);
 
   options.time_unit = "fortnights";
   EXPECT_THAT(what_of([&] { RuntimeEstimator{options}; }), HasSubstr("RuntimeEstimator.time_unit is 'fortnights'"));

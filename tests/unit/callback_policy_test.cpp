@@ -159,7 +159,7 @@ TEST_F(CallbackTest, AnObserversExceptionIsCountedAndNeverReachesTheLoop) {
     snapshots.push_back(snapshot);
   });
   for (int64_t step = 1; step <= 3; ++step) {
-    state.train_state.step = step;
+    state.train_state.step = step - 1;  // Megatron-Bridge's step in flight; the snapshot numbers it as the log does
     ctx.loss_dict = LossDict{{"lm loss", torch::tensor(2.5 * step, torch::kFloat)}};
     ctx.grad_norm = 0.5;
     EXPECT_NO_THROW(manager.fire(Event::kTrainStepEnd, ctx));
@@ -171,6 +171,7 @@ TEST_F(CallbackTest, AnObserversExceptionIsCountedAndNeverReachesTheLoop) {
   std::lock_guard<std::mutex> lock(mutex);
   ASSERT_EQ(snapshots.size(), 3u);
   EXPECT_EQ(snapshots[1].event, Event::kTrainStepEnd);
+  EXPECT_EQ(snapshots[1].step, 2) << "the second step, as the log's iteration 2";
   EXPECT_EQ(snapshots[1].losses.at("lm loss"), 5.0);  // a number, not a tensor
   EXPECT_EQ(snapshots[1].grad_norm, 0.5);
   EXPECT_TRUE(snapshots[1].metrics.empty());

@@ -1,16 +1,22 @@
 // pretrain() in one process: the reference's end-to-end callback test (event order and counts, fields, model mode,
-// user_state, functional callbacks, step numbers), the configuration errors, and the step-function shapes.
+// user_state, functional callbacks, step numbers), what the log shows (the first step, the ETA, the steps a loss
+// averages, one line per stop, resuming as info), the configuration errors, and the step-function shapes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <limits>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bridge/bridge.h"
 #include "parallel/distributed.h"
+#include "utils/logging.h"
 
 namespace bridge::training {
 namespace {
@@ -35,7 +41,7 @@ ConfigContainer tiny_config() {
 class Tracking : public Callback {
  public:
   std::vector<std::string> events;
-  std::vector<int64_t> step_end_steps;
+  std::vector<int64_t> step_end_steps, step_end_iterations, eval_end_iterations;
   int missing_fields = 0;
   int wrong_mode = 0;
 
@@ -54,6 +60,7 @@ class Tracking : public Callback {
     if (!ctx.loss_dict.has_value() || !ctx.grad_norm.has_value() || !ctx.skipped_iter.has_value()) ++missing_fields;
     if (ctx.loss_dict.has_value() && ctx.loss_dict->count("lm loss") == 0) ++missing_fields;
     step_end_steps.push_back(ctx.state.train_state.step);
+    step_end_iterations.push_back(ctx.iteration());
   }
   void on_train_end(CallbackContext& ctx) override { record(ctx, true); }
   void on_eval_start(CallbackContext& ctx) override { record(ctx, false); }
@@ -61,6 +68,7 @@ class Tracking : public Callback {
   void on_eval_step_end(CallbackContext& ctx) override { record(ctx, false); }
   void on_eval_end(CallbackContext& ctx) override {
     record(ctx, false);
+    eval_end_iterations.push_back(ctx.iteration());
     if (!ctx.total_loss_dict.has_value() || ctx.total_loss_dict->count("lm loss") == 0) ++missing_fields;
   }
   void on_test_start(CallbackContext& ctx) override { record(ctx, false); }
@@ -159,6 +167,9 @@ TEST(PretrainEvents, ReferenceEndToEndSequence) {
   EXPECT_EQ(tracking->missing_fields, 0);
   EXPECT_EQ(tracking->wrong_mode, 0);
   EXPECT_EQ(tracking->step_end_steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));  // before the increment
+  // ctx.iteration() numbers them as the log does ("iteration 1" is the first), at every event.
+  EXPECT_EQ(tracking->step_end_iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(tracking->eval_end_iterations, (std::vector<int64_t>{5, 8}));  // "validation loss at iteration 5"
   EXPECT_EQ(counting->step_counts, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(counting->eval_reads, (std::vector<int64_t>{5, 8}));
   EXPECT_EQ(counting->test_reads, (std::vector<int64_t>{8}));
@@ -299,6 +310,96 @@ TEST(PretrainEvents, NonFiniteGradientsFailTheRunNamingTheSwitch) {
   }
   config.train.check_for_nan_in_loss_and_grad = false;
   EXPECT_EQ(pretrain(config, poisoned).step, 3);
+}
+
+// The log of the runs below, as a user reads it (rank 0's stderr); stderr again afterwards.
+class CapturedLog {
+ public:
+  CapturedLog() { bridge::utils::configure_logging(0, 1, std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)); }
+  ~CapturedLog() {
+    bridge::utils::configure_logging(0, 1, std::make_shared<spdlog::sinks::ostream_sink_mt>(std::cerr));
+  }
+  CapturedLog(const CapturedLog&) = delete;
+  CapturedLog& operator=(const CapturedLog&) = delete;
+  std::string text() {
+    bridge::utils::logger().flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+};
+
+int occurrences(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A new user saw nothing before the first log_interval and no ETA: the first step is logged at once, every line has
+// the time elapsed and the ETA, and says how many steps its loss is the mean of. The callbacks' ctx.iteration() and
+// the log number the steps alike.
+TEST(PretrainLog, TheFirstStepIsLoggedAndEveryLineHasTheEtaAndTheStepsItsLossAverages) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 7;
+  config.logging.log_interval = 3;
+  std::vector<int64_t> step_iterations, log_iterations;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(Event::kTrainStepEnd,
+                             [&](CallbackContext& ctx) { step_iterations.push_back(ctx.iteration()); });
+  manager->register_callback(Event::kLog, [&](CallbackContext& ctx) {
+    log_iterations.push_back(ctx.iteration());
+    EXPECT_EQ(ctx.iteration(), ctx.log->iteration);
+  });
+  CapturedLog log;
+  EXPECT_EQ(pretrain(config, gpt_forward_step, manager).step, 7);
+  const std::string text = log.text();
+  std::vector<int64_t> lines;
+  std::vector<std::string> averaged;
+  const std::regex line(R"(iteration +([0-9]+)/ +7 \|.*? \| elapsed: [0-9]+:[0-5][0-9]:[0-5][0-9] \| ETA: )"
+                        R"([0-9]+:[0-5][0-9]:[0-5][0-9] \|.*? lm loss: [-+0-9.E]+( \(mean of [0-9]+ steps\))? \|)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator(); ++it) {
+    lines.push_back(std::stoll((*it)[1]));
+    averaged.push_back((*it)[2]);
+  }
+  EXPECT_EQ(lines, (std::vector<int64_t>{1, 3, 6})) << text;
+  EXPECT_EQ(averaged, (std::vector<std::string>{"", " (mean of 2 steps)", " (mean of 3 steps)"})) << text;
+  EXPECT_EQ(log_iterations, (std::vector<int64_t>{1, 3, 6}));
+  EXPECT_EQ(step_iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+}
+
+// A stop asked for at an evaluation ends training; the validation after training must not ask again, which logged
+// the same stop a second time.
+TEST(PretrainLog, AnEarlyStoppingStopIsLoggedOnce) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 20;
+  config.train.eval_interval = 2;
+  config.train.eval_iters = 1;
+  EarlyStoppingOptions options;
+  options.stopping_threshold = 1e9;  // any validation loss passes it: a stop at the first evaluation
+  CapturedLog log;
+  EXPECT_EQ(pretrain(config, gpt_forward_step, {std::make_shared<EarlyStopping>(options)}).step, 2);
+  const std::string text = log.text();
+  EXPECT_EQ(occurrences(text, "callback 'EarlyStopping' asked to stop"), 1) << text;
+  EXPECT_EQ(occurrences(text, "stopping after step 2 as requested"), 1) << text;
+}
+
+// Resuming is routine: info, not a warning.
+TEST(PretrainLog, ResumingFromACheckpointIsInfo) {
+  const fs::path save = fs::temp_directory_path() / ("bridge_pretrain_resume_log_" + std::to_string(::getpid()));
+  fs::remove_all(save);
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 2;
+  config.checkpoint.save = save.string();
+  pretrain(config, gpt_forward_step);
+  config.train.train_iters = 3;
+  config.checkpoint.load = save.string();
+  CapturedLog log;
+  EXPECT_EQ(pretrain(config, gpt_forward_step).step, 3);
+  const std::string text = log.text();
+  EXPECT_THAT(text, HasSubstr("[info] resuming from checkpoint " + (save / "iter_0000002").string()));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("[warning]"))) << text;
+  fs::remove_all(save);
 }
 
 TEST(PretrainCheckpoint, AFailedWriteFailsTheRunAndKeepsThePreviousCheckpoint) {

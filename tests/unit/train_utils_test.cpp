@@ -240,9 +240,9 @@ TEST(TrainingLog, MegatronLineWithEveryField) {
   fields.extra = {"custom: 1"};
   EXPECT_EQ(format_log_line(fields, total),
             " [2026-11-22 10:00:00] iteration       10/     100 | consumed samples:          320 | elapsed time per "
-            "iteration (ms): 812.3 | learning rate: 3.000000E-04 | global batch size:    32 | lm loss: 2.500000E+00 |"
-            " loss scale: 1.0 | grad norm: 1.235 | custom: 1 | number of skipped iterations:   0 | number of nan "
-            "iterations:   0 |");
+            "iteration (ms): 812.3 | learning rate: 3.000000E-04 | global batch size:    32 | lm loss: 2.500000E+00 "
+            "(mean of 2 steps) | loss scale: 1.0 | grad norm: 1.235 | custom: 1 | number of skipped iterations:   0 "
+            "| number of nan iterations:   0 |");
   // Printing reset the sums and the counters.
   EXPECT_EQ(total.advanced_iterations, 0);
   EXPECT_DOUBLE_EQ(total.loss_sums.at(0).second, 0.0);
@@ -252,11 +252,15 @@ TEST(TrainingLog, MegatronLineWithEveryField) {
   fields.num_zeros_in_grad = 17;
   fields.params_norm = 3.0;
   fields.extra.clear();
+  fields.elapsed_seconds = 12.4;
+  fields.eta_seconds = 3723.4;
   accumulate_losses(total, losses(1.0), false);
   const std::string line = format_log_line(fields, total);
   EXPECT_THAT(line, HasSubstr("| consumed samples:          320 | skipped samples:            5 | elapsed"));
-  EXPECT_THAT(line, HasSubstr("(ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 12.3 | learning rate:"));
-  EXPECT_THAT(line, HasSubstr("| lm loss: 1.000000E+00 |"));
+  // The time since the start and the time left, as durations, before Megatron's throughput.
+  EXPECT_THAT(line, HasSubstr("(ms): 812.3 | elapsed: 0:00:12 | ETA: 1:02:03 | throughput per GPU (TFLOP/s/GPU): "
+                              "12.3 | learning rate:"));
+  EXPECT_THAT(line, HasSubstr("| lm loss: 1.000000E+00 |")) << "one step: its own loss, no mean to name";
   EXPECT_THAT(line, HasSubstr("| grad norm: 1.235 | num zeros: 17 | params norm: 3.000 | number of skipped"));
 }
 

@@ -17,7 +17,7 @@ inline namespace callbacks {
 EventSnapshot snapshot_of(Event event, const CallbackContext& ctx) {
   EventSnapshot snapshot;
   snapshot.event = event;
-  snapshot.step = ctx.state.train_state.step;
+  snapshot.step = iteration_at(event, ctx.state.train_state.step);  // as the log numbers it
   snapshot.consumed_train_samples = ctx.state.train_state.consumed_train_samples;
   snapshot.time = std::chrono::system_clock::now();
   const auto numbers = [](const LossDict& losses, std::map<std::string, double>& out) {

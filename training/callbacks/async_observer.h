@@ -33,7 +33,7 @@ class CallbackContext;
 /// What an observer receives: a copy of the event, safe to read on another thread.
 struct EventSnapshot {
   Event event = Event::kTrainStart;
-  std::int64_t step = 0;  ///< train_state.step when the event fired
+  std::int64_t step = 0;  ///< the step as the log numbers it (ctx.iteration()): 1 at the first step's events
   std::int64_t consumed_train_samples = 0;
   /// loss_dict at on_train_step_end (read with .item(): a device sync per step; observe on_log to avoid it), or
   /// total_loss_dict at on_eval_end / on_test_end; empty elsewhere and off the last pipeline stage.

@@ -116,6 +116,27 @@ void CallbackContext::request(ControlAction action, std::string reason) {
   control_->request(action, std::move(reason), callback_name_ != nullptr ? *callback_name_ : std::string("?"), *event_);
 }
 
+std::int64_t iteration_at(Event event, std::int64_t steps_done) noexcept {
+  switch (event) {
+    // Within a step the loop has not counted it yet (Megatron-Bridge's train_state.step): the log will call it +1.
+    case Event::kTrainStepStart:
+    case Event::kForwardStart:
+    case Event::kForwardEnd:
+    case Event::kBackwardStart:
+    case Event::kBackwardEnd:
+    case Event::kOptimizerStepStart:
+    case Event::kOptimizerStepEnd:
+    case Event::kTrainStepEnd:
+      return steps_done + 1;
+    default:
+      return steps_done;
+  }
+}
+
+std::int64_t CallbackContext::iteration() const noexcept {
+  return event_ ? iteration_at(*event_, state.train_state.step) : state.train_state.step;
+}
+
 models::GPTModelImpl& CallbackContext::gpt(std::size_t chunk) const {
   if (chunk >= model.size()) {
     throw std::out_of_range("ctx.gpt(" + std::to_string(chunk) + "): this rank holds " + std::to_string(model.size()) +

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +52,20 @@ struct LogRecord {
   std::map<std::string, double> metrics;     ///< Written to the metric writers under these names.
   std::vector<std::string> text;             ///< Appended to the console line as " name: value |" fragments.
   std::map<std::string, std::string> texts;  ///< Written to the metric writers as texts (add_text) by these tags.
+  /// The time left, in seconds, shown as the console line's "ETA": the loop's estimate from the steps so far, which
+  /// a callback with a better one (RuntimeEstimator) replaces. Absent when training has no known end.
+  std::optional<double> eta_seconds;
+
+  /// Runs `fn` once every on_log callback has run (the loop calls complete() then, before the record is written), so
+  /// a callback sees what callbacks registered after it add, as ControlEndpoint does for its /status.
+  void when_complete(std::function<void(const LogRecord&)> fn) { when_complete_.push_back(std::move(fn)); }
+  /// Runs the when_complete functions once, in the order given.
+  void complete() {
+    for (const auto& fn : std::exchange(when_complete_, {})) fn(*this);
+  }
+
+ private:
+  std::vector<std::function<void(const LogRecord&)>> when_complete_;
 };
 
 /// The checkpoint an on_checkpoint_save/load event is about.
@@ -79,6 +94,10 @@ enum class ContextFieldId : std::uint8_t {
   kCheckpoint,
   kException,
 };
+
+/// The log line's number ("iteration N") of the step an event belongs to, given train_state.step then: steps_done + 1
+/// at the events of a step in flight (on_train_step_start to on_train_step_end), steps_done at the others.
+std::int64_t iteration_at(Event event, std::int64_t steps_done) noexcept;
 
 /// "optimizer", "loss_dict", ...: the field's name as written in code.
 std::string_view to_string(ContextFieldId field);
@@ -185,6 +204,12 @@ class CallbackContext {
 
   /// The event being fired (set by CallbackManager::fire).
   std::optional<Event> event() const noexcept { return event_; }
+
+  /// The step as the log line numbers it ("iteration N"; 1 for the first step): train_state.step + 1 from
+  /// on_train_step_start to on_train_step_end, where train_state.step is still Megatron-Bridge's 0-based step in
+  /// flight, and train_state.step (the steps done) at every other event. Use it for anything a user compares with
+  /// the log; the first step's on_train_step_end and on_log both see 1.
+  std::int64_t iteration() const noexcept;
 
   /// Asks the loop to stop after this step, run on_train_end and return normally. All ranks stop at the same step.
   void request_stop(std::string reason) { request(ControlAction::kStop, std::move(reason)); }

@@ -45,7 +45,12 @@ void EarlyStopping::load_state_dict(const StateDict& state) {
   best_step_ = state.at("best_step").toInt();
 }
 
-void EarlyStopping::on_train_start(CallbackContext& ctx) { monitor_.check_provided(ctx, "EarlyStopping"); }
+void EarlyStopping::on_train_start(CallbackContext& ctx) {
+  training_over_ = false;
+  monitor_.check_provided(ctx, "EarlyStopping");
+}
+
+void EarlyStopping::on_train_end(CallbackContext&) { training_over_ = true; }
 
 void EarlyStopping::on_log(CallbackContext& ctx) {
   if (const std::optional<double> value = monitor_.read(ctx)) check(ctx, *value);
@@ -56,6 +61,7 @@ void EarlyStopping::on_log(CallbackContext& ctx) {
 }
 
 void EarlyStopping::on_eval_end(CallbackContext& ctx) {
+  if (training_over_) return;
   if (const std::optional<double> value = monitor_.read(ctx)) check(ctx, *value);
 }
 

@@ -11,7 +11,7 @@
 // "min", above best + min_delta for "max") resets the wait; otherwise the wait grows, and reaching patience stops.
 // Patience counts checks (evaluations, or log steps for a training metric), not steps. The stop lets the step finish
 // and save as a requested stop does; the best value and the wait are saved in checkpoints, so a resumed run keeps
-// counting.
+// counting. The validation after training is not checked: nothing is left to stop.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,7 @@ class EarlyStopping : public Callback {
   void on_train_start(CallbackContext& ctx) override;
   void on_log(CallbackContext& ctx) override;
   void on_eval_end(CallbackContext& ctx) override;
+  void on_train_end(CallbackContext& ctx) override;
 
   const EarlyStoppingOptions& options() const noexcept { return options_; }
   /// The best value seen (+inf for "min", -inf for "max" before the first check).
@@ -63,6 +64,9 @@ class EarlyStopping : public Callback {
   double best_;
   std::int64_t wait_ = 0;
   std::int64_t best_step_ = -1;
+  // From on_train_end to the next on_train_start: the validation after training is not checked, as there is no
+  // training left to stop (it would only repeat the stop's reason in the log).
+  bool training_over_ = false;
 };
 
 }  // namespace callbacks

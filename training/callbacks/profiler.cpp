@@ -63,7 +63,7 @@ void Profiler::on_train_start(CallbackContext& ctx) {
 
 void Profiler::on_train_step_start(CallbackContext& ctx) {
   if (trace_path_.empty() || written_) return;
-  const int64_t step = ctx.state.train_state.step + 1;  // the step in flight (the loop counts it after the step)
+  const int64_t step = ctx.iteration();  // the step in flight, numbered as the log numbers it
   if (step < options_.start_step || step >= options_.start_step + options_.num_steps) return;
   if (!recording_) recording_ = std::make_unique<torch::autograd::profiler::RecordProfile>(trace_);
   step_name_ = "ProfilerStep#" + std::to_string(step);
@@ -74,7 +74,7 @@ void Profiler::on_train_step_start(CallbackContext& ctx) {
 void Profiler::on_train_step_end(CallbackContext& ctx) {
   if (!recording_) return;
   step_range_.reset();
-  if (ctx.state.train_state.step + 1 >= options_.start_step + options_.num_steps - 1) finish();
+  if (ctx.iteration() >= options_.start_step + options_.num_steps - 1) finish();
 }
 
 void Profiler::on_train_end(CallbackContext&) {

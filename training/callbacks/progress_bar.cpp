@@ -86,7 +86,7 @@ void ProgressBar::draw(bool final) {
 
 void ProgressBar::on_train_step_end(CallbackContext& ctx) {
   if (!active_) return;
-  step_ = ctx.state.train_state.step + 1;  // the step in flight is done
+  step_ = ctx.iteration();  // the steps done, this one included
   const double since = std::chrono::duration<double>(Clock::now() - last_draw_).count();
   if (since >= (terminal_ ? options_.refresh_seconds : options_.line_seconds)) draw(/*final=*/false);
 }

@@ -6,7 +6,6 @@
 
 #include "training/config/config.h"
 #include "training/utils/train_utils.h"
-#include "utils/strings.h"
 
 namespace bridge::training {
 inline namespace callbacks {
@@ -42,9 +41,9 @@ void RuntimeEstimator::on_train_start(CallbackContext& ctx) {
 }
 
 void RuntimeEstimator::on_train_step_end(CallbackContext& ctx) {
-  // train_state.step is the step in flight here; after it, step + 1 are done.
-  if (!clock_step_ && ctx.state.train_state.step + 1 - start_step_ >= options_.skip_steps) {
-    clock_step_ = ctx.state.train_state.step + 1;
+  // The step's iteration number is the steps done once it is counted.
+  if (!clock_step_ && ctx.iteration() - start_step_ >= options_.skip_steps) {
+    clock_step_ = ctx.iteration();
     clock_start_ = Clock::now();
   }
 }
@@ -82,7 +81,7 @@ void RuntimeEstimator::on_log(CallbackContext& ctx) {
   const std::optional<double> remaining = remaining_seconds(ctx);
   if (!remaining) return;
   ctx.log->metrics["time/remaining_estimate"] = *remaining / unit_seconds_.value_or(3600.0);
-  ctx.log->text.push_back("ETA: " + bridge::utils::format_duration(*remaining));
+  ctx.log->eta_seconds = *remaining;  // the line's (and ControlEndpoint's) ETA: this one leaves evaluation out
 }
 
 }  // namespace callbacks

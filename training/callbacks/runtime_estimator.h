@@ -2,10 +2,11 @@
 //
 //   manager->add(std::make_shared<RuntimeEstimator>());
 //
-// At each log step: "time/remaining_estimate" in the record (in `time_unit`) and "ETA: H:MM:SS" on the console
-// line. The estimate is the mean training step time so far, less evaluation, times the steps left, plus the mean
-// evaluation time times the evaluations left (train.eval_interval). The first `skip_steps` steps (start-up, warm
-// caches) are not counted; nothing is reported until one step after them.
+// At each log step: "time/remaining_estimate" in the record (in `time_unit`) and its estimate in seconds as the
+// record's eta_seconds, which the console line shows as "ETA: H:MM:SS" (in place of the loop's cruder one). The
+// estimate is the mean training step time so far, less evaluation, times the steps left, plus the mean evaluation time
+// times the evaluations left (train.eval_interval). The first `skip_steps` steps (start-up, warm caches) are not
+// counted; nothing is reported until one step after them.
 #pragma once
 
 #include <algorithm>

@@ -23,9 +23,15 @@ ThresholdStopper::ThresholdStopper(ThresholdStopperOptions options)
   }
 }
 
-void ThresholdStopper::on_train_start(CallbackContext& ctx) { monitor_.check_provided(ctx, "ThresholdStopper"); }
+void ThresholdStopper::on_train_start(CallbackContext& ctx) {
+  training_over_ = false;
+  monitor_.check_provided(ctx, "ThresholdStopper");
+}
 void ThresholdStopper::on_log(CallbackContext& ctx) { check(ctx); }
-void ThresholdStopper::on_eval_end(CallbackContext& ctx) { check(ctx); }
+void ThresholdStopper::on_eval_end(CallbackContext& ctx) {
+  if (!training_over_) check(ctx);
+}
+void ThresholdStopper::on_train_end(CallbackContext&) { training_over_ = true; }
 
 void ThresholdStopper::check(CallbackContext& ctx) {
   const std::optional<double> value = monitor_.read(ctx);

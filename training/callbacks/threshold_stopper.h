@@ -29,6 +29,7 @@ class ThresholdStopper : public Callback {
   void on_train_start(CallbackContext& ctx) override;
   void on_log(CallbackContext& ctx) override;
   void on_eval_end(CallbackContext& ctx) override;
+  void on_train_end(CallbackContext& ctx) override;
 
   const ThresholdStopperOptions& options() const noexcept { return options_; }
 
@@ -38,6 +39,7 @@ class ThresholdStopper : public Callback {
   ThresholdStopperOptions options_;
   MonitorMode mode_;
   MetricMonitor monitor_;
+  bool training_over_ = false;  // the validation after training is not checked: nothing is left to stop
 };
 
 }  // namespace callbacks

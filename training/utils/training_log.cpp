@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "utils/strings.h"
+
 namespace bridge::training::utils {
 namespace {
 
@@ -46,13 +48,19 @@ std::string format_log_line(const LogLineFields& f, TotalLossDict& total) {
   line += format(" consumed samples: %12lld |", static_cast<long long>(f.consumed_samples));
   if (f.skipped_samples > 0) line += format(" skipped samples: %12lld |", static_cast<long long>(f.skipped_samples));
   line += format(" elapsed time per iteration (ms): %.1f |", f.elapsed_ms_per_iteration);
+  if (f.elapsed_seconds) line += " elapsed: " + bridge::utils::format_duration(*f.elapsed_seconds) + " |";
+  if (f.eta_seconds) line += " ETA: " + bridge::utils::format_duration(*f.eta_seconds) + " |";
   if (f.tflops_per_device) line += format(" throughput per GPU (TFLOP/s/GPU): %.1f |", *f.tflops_per_device);
   line += format(" learning rate: %.6E |", f.learning_rate);
   line += format(" global batch size: %5lld |", static_cast<long long>(f.global_batch_size));
   const double advanced = static_cast<double>(std::max<int64_t>(1, total.advanced_iterations));
+  // Said on the line, as a summary shows the last step's loss: the value here is the interval's mean.
+  const std::string averaged = total.advanced_iterations > 1
+                                   ? " (mean of " + std::to_string(total.advanced_iterations) + " steps)"
+                                   : std::string();
   for (auto& [key, sum] : total.loss_sums) {
     const double average = sum / advanced;
-    if (average >= 0.0) line += " " + key + format(": %.6E |", average);
+    if (average >= 0.0) line += " " + key + format(": %.6E", average) + averaged + " |";
     sum = 0.0;
   }
   line += format(" loss scale: %.1f |", f.loss_scale);

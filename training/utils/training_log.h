@@ -2,9 +2,15 @@
 // the advanced/skipped/NaN counters, and Megatron's console line. The loop (training/training_logger.cpp) gathers the
 // statistics, fires on_log and writes the metrics; this file only counts and formats, so tests can pin every field.
 //
-//    [2026-11-22 10:00:00] iteration       10/     100 | consumed samples:          320 | elapsed time per
-//    iteration (ms): 812.3 | learning rate: 3.000000E-04 | global batch size:    32 | lm loss: 5.123456E+00 |
-//    loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |
+//    [2026-11-22 10:00:00] iteration       20/     100 | consumed samples:          640 | elapsed time per
+//    iteration (ms): 812.3 | elapsed: 0:00:17 | ETA: 0:01:05 | learning rate: 3.000000E-04 | global batch size:
+//    32 | lm loss: 5.123456E+00 (mean of 10 steps) | loss scale: 1.0 | grad norm: 1.234 | number of skipped
+//    iterations:   0 | number of nan iterations:   0 |
+//
+// Megatron's fields and formats, plus the time since training started and the estimated time left (bridge's, so a
+// run shows its progress without a callback), and the number of steps a loss is averaged over when more than one:
+// a line's loss is the mean since the previous line, unlike the last step's that a summary shows. Parsers of
+// Megatron's "lm loss: <value>" read it unchanged.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +43,8 @@ struct LogLineFields {
   int64_t consumed_samples = 0;
   int64_t skipped_samples = 0;  ///< shown when > 0
   double elapsed_ms_per_iteration = 0.0;
+  std::optional<double> elapsed_seconds;    ///< since training started; shown when set, as H:MM:SS
+  std::optional<double> eta_seconds;        ///< the estimated time left; shown when set, as H:MM:SS
   std::optional<double> tflops_per_device;  ///< shown when set (logging.log_throughput)
   double learning_rate = 0.0;
   int64_t global_batch_size = 0;
@@ -48,7 +56,8 @@ struct LogLineFields {
 };
 
 /// Megatron's console line (one line, no newline). Each loss prints its average over the advanced iterations when it
-/// is non-negative; then the loss sums and all three counters are reset, as the reference does after printing.
+/// is non-negative, followed by "(mean of N steps)" when N > 1; then the loss sums and all three counters are reset,
+/// as the reference does after printing.
 std::string format_log_line(const LogLineFields& fields, TotalLossDict& total);
 
 /// The wall-clock time as "YYYY-MM-DD HH:MM:SS" (local time).
