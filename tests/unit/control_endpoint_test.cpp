@@ -1,6 +1,7 @@
 // ControlEndpoint against real HTTP clients over loopback (cpp-httplib's and the curl binary): status and Prometheus
-// metrics from the last log step, POSTs that become control requests at the next step's end, the step a 202 names
-// against a real pretrain() run, 409 when no step would take a POST, bearer-token auth (401 changes nothing), wrong
+// metrics from the last log step (with what callbacks registered after the endpoint add, and the ETA as a duration),
+// POSTs that become control requests at the next step's end, the step a 202 names against a real pretrain() run,
+// 409 when no step would take a POST or a save has no checkpoint.save, bearer-token auth (401 changes nothing), wrong
 // methods, unknown paths, oversized requests, many concurrent clients, and the server gone when training ends. The
 // wire-level cases (raw sockets) are in control_endpoint_http_test.cpp. Across ranks, a stop sent to a running job
 // ends every rank at the same step: gpt_dist_test's GptBuiltins.
@@ -69,6 +70,41 @@ TEST_F(ControlEndpointTest, StatusAndMetricsShowTheLastLogStep) {
   EXPECT_THAT(metrics->body, HasSubstr("bridge_throughput_tokens_per_sec 1234\n"));
   EXPECT_THAT(metrics->body, HasSubstr("bridge_lm_loss_validation 3.25\n"));
   EXPECT_THAT(metrics->body, HasSubstr("bridge_step 8\n"));
+}
+
+// Callbacks registered after the endpoint add to the record after its on_log: /status reads the record once all of
+// them have run, so a SpeedMonitor's tokens/s and a RuntimeEstimator's ETA show whatever the order; the ETA reads as
+// a duration, with its seconds for scripts.
+TEST_F(ControlEndpointTest, StatusShowsWhatLaterCallbacksAddAndTheEtaAsADuration) {
+  start();
+  manager_.register_callback(Event::kLog, [](CallbackContext& ctx) {
+    ctx.log->metrics["throughput/tokens_per_sec"] = 1234.0;
+    ctx.log->eta_seconds = 3723.4;  // as RuntimeEstimator replaces the loop's estimate
+  });
+  state_.train_state.step = 5;
+  log({{"lm loss", 3.5}}, 10.0);
+  const auto status = client_->Get("/status");
+  ASSERT_TRUE(status) << httplib::to_string(status.error());
+  const nlohmann::json body = nlohmann::json::parse(status->body);
+  EXPECT_EQ(body["tokens_per_sec"], 1234.0);
+  EXPECT_EQ(body["eta"], "1:02:03");
+  EXPECT_NEAR(body["eta_seconds"].get<double>(), 3723.4, 1.0);
+  EXPECT_FALSE(body.contains("remaining_estimate")) << "no bare number in an unnamed unit";
+  EXPECT_THAT(client_->Get("/metrics")->body, HasSubstr("bridge_throughput_tokens_per_sec 1234\n"));
+}
+
+// A save needs checkpoint.save: without it the POST is refused at once, naming the key, not accepted and then
+// "not saved" in the log. A stop needs no directory.
+TEST_F(ControlEndpointTest, ASaveWithoutCheckpointSaveGets409NamingTheKey) {
+  keep_save_unset_ = true;
+  start();
+  const auto save = client_->Post("/save", "", "text/plain");
+  ASSERT_TRUE(save);
+  EXPECT_EQ(save->status, 409);
+  EXPECT_THAT(save->body, HasSubstr("checkpoint.save is not set"));
+  EXPECT_THAT(save->body, HasSubstr("checkpoint.save=<directory>"));
+  EXPECT_THAT(step_end(), IsEmpty());
+  EXPECT_EQ(client_->Post("/stop", "", "text/plain")->status, 202);
 }
 
 TEST_F(ControlEndpointTest, PostsBecomeControlRequestsAtTheNextStepEnd) {
@@ -305,6 +341,50 @@ TEST(ControlEndpointRun, TheStepA202NamesIsTheStepTheActionFollows) {
   ASSERT_FALSE(poster->saved_at.empty());
   EXPECT_EQ(poster->saved_at.front(), poster->save_after) << "saved after another step than the reply named";
   std::filesystem::remove_all(save);
+}
+
+// The same in a real run, with the real SpeedMonitor and RuntimeEstimator listed after the endpoint: a status read
+// after the log step of step 5 has both.
+class StatusReader : public Callback {
+ public:
+  explicit StatusReader(std::shared_ptr<ControlEndpoint> endpoint) : endpoint_(std::move(endpoint)) {}
+  void on_train_step_end(CallbackContext& ctx) override {
+    if (ctx.iteration() != 7) return;
+    httplib::Client client("127.0.0.1", endpoint_->port());
+    const auto reply = client.Get("/status");
+    if (reply && reply->status == 200) body = nlohmann::json::parse(reply->body);
+  }
+  nlohmann::json body;
+
+ private:
+  std::shared_ptr<ControlEndpoint> endpoint_;
+};
+
+TEST(ControlEndpointRun, StatusHasTokensPerSecondAndTheEtaWithTheMonitorsListedAfterIt) {
+  ConfigContainer config;
+  config.model.num_layers = 1;
+  config.model.hidden_size = 16;
+  config.model.num_attention_heads = 2;
+  config.model.vocab_size = 64;
+  config.model.seq_length = 8;
+  config.train.micro_batch_size = 2;
+  config.train.global_batch_size = 2;
+  config.train.num_threads = 1;
+  config.train.train_iters = 10;
+  config.logging.log_interval = 5;
+  auto endpoint = std::make_shared<ControlEndpoint>();
+  auto reader = std::make_shared<StatusReader>(endpoint);
+  auto manager = std::make_shared<CallbackManager>();
+  manager->add({endpoint, std::make_shared<SpeedMonitor>(), std::make_shared<RuntimeEstimator>(), reader});
+  pretrain(config, gpt_forward_step, manager);
+  const nlohmann::json& body = reader->body;
+  ASSERT_TRUE(body.is_object()) << "no status read at step 7";
+  EXPECT_EQ(body["logged_step"], 5);
+  ASSERT_TRUE(body.contains("tokens_per_sec")) << body.dump();
+  EXPECT_GT(body["tokens_per_sec"].get<double>(), 0.0);
+  ASSERT_TRUE(body.contains("eta")) << body.dump();
+  EXPECT_THAT(body["eta"].get<std::string>(), ::testing::MatchesRegex("[0-9]+:[0-5][0-9]:[0-5][0-9]"));
+  EXPECT_GE(body["eta_seconds"].get<double>(), 0.0);
 }
 
 // Once a stop is taken, or the last step is done, no later step will take a POST: 409 rather than a 202 naming a

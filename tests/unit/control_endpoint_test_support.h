@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -139,6 +140,7 @@ class ControlEndpointTest : public ::testing::Test {
     endpoint_ = std::make_shared<ControlEndpoint>(std::move(options));
     manager_.add(endpoint_);
     config_.train.train_iters = 100;
+    if (!keep_save_unset_) config_.checkpoint.save = "endpoint-test-saves";  // a /save is accepted; none is written
     state_.cfg = &config_;
     fire(Event::kTrainStart);
     ASSERT_GT(endpoint_->port(), 0);
@@ -158,10 +160,13 @@ class ControlEndpointTest : public ::testing::Test {
   void fire(Event event) {
     fire(event, [](CallbackContext&) {});
   }
-  void log(std::map<std::string, double> metrics) {
+  // A log step as the loop makes it: on_log, then the record complete.
+  void log(std::map<std::string, double> metrics, std::optional<double> eta_seconds = std::nullopt) {
     LogRecord record;
     record.metrics = std::move(metrics);
+    record.eta_seconds = eta_seconds;
     fire(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
+    record.complete();
   }
   // A step's end, where queued commands become requests; returns them.
   std::vector<ControlRequest> step_end() {
@@ -170,6 +175,7 @@ class ControlEndpointTest : public ::testing::Test {
     return manager_.control().take();
   }
 
+  bool keep_save_unset_ = false;  // start() leaves checkpoint.save empty
   CallbackManager manager_;
   ConfigContainer config_;
   GlobalState state_;

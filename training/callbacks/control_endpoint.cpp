@@ -9,6 +9,8 @@
 #include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -119,9 +121,15 @@ HttpResponse ControlEndpoint::status_reply() {
                          {"pending", commands_.size()}};
   for (const auto& [key, name] : {std::pair<const char*, const char*>{"lm loss", "loss"},
                                   {"learning-rate", "lr"},
-                                  {"throughput/tokens_per_sec", "tokens_per_sec"},
-                                  {"time/remaining_estimate", "remaining_estimate"}}) {
+                                  {"throughput/tokens_per_sec", "tokens_per_sec"}}) {
     if (const auto it = metrics_.find(key); it != metrics_.end()) body[name] = it->second;
+  }
+  if (eta_seconds_) {
+    // The log step's estimate, counted down since: what a user reads, and the seconds for scripts.
+    const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() - logged_at_).count();
+    const double left = std::max(0.0, *eta_seconds_ - since);
+    body["eta"] = bridge::utils::format_duration(left);
+    body["eta_seconds"] = std::round(left * 10.0) / 10.0;
   }
   return json_reply(200, body);
 }
@@ -184,6 +192,13 @@ HttpResponse ControlEndpoint::serve(const HttpRequest& request) {
   const std::string reason = "POST /" + action + " from " + request.remote_addr +
                              (request.body.empty() ? std::string() : ": " + trim(request.body).substr(0, 200));
   std::lock_guard<std::mutex> lock(mutex_);
+  if (action == "save" && !can_save_) {
+    // Accepting it would only lead to "not saved" in the log after the step: say so now, with the fix.
+    return json_reply(409, {{"error",
+                             "checkpoint.save is not set: this run has no directory to save to, so there is "
+                             "nothing to save into; start the run with checkpoint.save=<directory> to save "
+                             "on request"}});
+  }
   if (state_ != "training") {
     return json_reply(409, {{"error", "training is " + state_ + " (" + std::to_string(step_) +
                                           " steps done); nothing to " + action}});
@@ -209,6 +224,8 @@ void ControlEndpoint::on_train_start(CallbackContext& ctx) {
     }
     layout_json_ = layout.dump();
     state_ = "training";
+    can_save_ = ctx.state.cfg == nullptr || !ctx.state.cfg->checkpoint.save.empty();
+    eta_seconds_.reset();
     commands_.clear();
     metrics_.clear();
     validation_losses_.clear();
@@ -239,7 +256,7 @@ void ControlEndpoint::on_train_step_end(CallbackContext& ctx) {
   {
     // The step count and the queue change together, so a POST's after_step is the step whose end takes it.
     std::lock_guard<std::mutex> lock(mutex_);
-    step_ = ctx.state.train_state.step + 1;  // the loop counts this step just after the event
+    step_ = ctx.iteration();  // the steps done once the loop counts this one, just after the event
     commands.swap(commands_);
     for (const Command& command : commands) {
       if (command.action != "save") state_ = "stopping";  // the loop stops after this step: later POSTs get 409
@@ -255,9 +272,18 @@ void ControlEndpoint::on_train_step_end(CallbackContext& ctx) {
 
 void ControlEndpoint::on_log(CallbackContext& ctx) {
   if (!server_) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  logged_step_ = ctx.state.train_state.step;
-  metrics_ = ctx.log->metrics;
+  const std::int64_t step = ctx.state.train_state.step;
+  const auto take = [this, step](const LogRecord& record) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    logged_step_ = step;
+    metrics_ = record.metrics;
+    eta_seconds_ = record.eta_seconds;
+    logged_at_ = std::chrono::steady_clock::now();
+  };
+  take(*ctx.log);
+  // Again once every on_log callback has run: SpeedMonitor's tokens/s and RuntimeEstimator's ETA, whatever the
+  // order they were registered in.
+  ctx.log->when_complete(take);
 }
 
 void ControlEndpoint::on_eval_end(CallbackContext& ctx) {

@@ -15,13 +15,18 @@
 // not gets 401 and changes nothing. The bound address is logged and, with `endpoint_file`, written there (port 0
 // picks a free port).
 //
+// /status reads the last log step's record once every on_log callback has run (LogRecord::when_complete), so the
+// tokens/s of a SpeedMonitor and the ETA ("eta": "0:12:34", "eta_seconds") show whatever the registration order.
+//
 // Statuses: 202 accepted; 400 malformed (or HTTP/1.1 without Host); 401 no or wrong token; 404 unknown path; 405 a
 // method the path does not serve (with Allow); 409 no step will take the POST (training not running, a stop already
-// taken, or the last step done); 413 a body over max_body_bytes, sized or chunked, refused while it is read; 431 a
-// request line and header fields over 8 KiB. A POST without a body needs no Content-Length (curl -X POST).
+// taken, or the last step done) or a /save without checkpoint.save; 413 a body over max_body_bytes, sized or chunked,
+// refused while it is read; 431 a request line and header fields over 8 KiB. A POST without a body needs no
+// Content-Length (curl -X POST).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -88,7 +93,10 @@ class ControlEndpoint : public Callback {
   std::vector<Command> commands_;
   std::int64_t step_ = 0;  // steps done: set at every step's end, with commands_ taken at the same time
   std::int64_t logged_step_ = 0, train_iters_ = 0;
-  std::map<std::string, double> metrics_;            // the last log step's record (of step logged_step_)
+  std::map<std::string, double> metrics_;  // the last log step's record (of step logged_step_)
+  std::optional<double> eta_seconds_;      // its estimate of the time left, made at logged_at_
+  std::chrono::steady_clock::time_point logged_at_;
+  bool can_save_ = true;                             // checkpoint.save is set: a POST /save can be acted on
   std::map<std::string, double> validation_losses_;  // the last evaluation's
   std::string layout_json_;
   std::string state_ = "starting";  // training, stopping (a stop or abort taken), finishing (the last step done), ...
