@@ -122,12 +122,13 @@ std::string hf_model_type_for(const models::GPTConfig& config) {
 }
 
 void save_hf(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& weights,
-             const models::GPTConfig& config, const std::string& model_type, int64_t max_shard_bytes) {
+             const models::GPTConfig& config, const std::string& model_type, int64_t max_shard_bytes,
+             const HfArtifacts& artifacts) {
   const std::string type = model_type.empty() ? hf_model_type_for(config) : model_type;
   if (type == "gpt2") {
-    save_gpt2(directory, weights, config, max_shard_bytes);
+    save_gpt2(directory, weights, config, max_shard_bytes, artifacts);
   } else {
-    save_llama(directory, weights, config, type, max_shard_bytes);
+    save_llama(directory, weights, config, type, max_shard_bytes, artifacts);
   }
 }
 

@@ -6,6 +6,7 @@
 //   config = hf::with_hf_architecture(recipe.model, config);    // a recipe's run with the directory's model
 //   auto weights = hf::load_hf_weights("dir", config);         // global tensors by bridge name
 //   hf::save_hf("out", weights, config);                       // gpt2, llama, qwen2 or qwen3 as the shape says
+//   hf::save_hf("out", weights, config, "", hf::kMaxShardBytes, artifacts);  // with the tokenizer (hf_artifacts.h)
 #pragma once
 
 #include <torch/torch.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bridge/hf/hf_artifacts.h"
 #include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
 
@@ -47,9 +49,10 @@ std::vector<std::string> architecture_differences(const models::GPTConfig& ours,
 std::string hf_model_type_for(const models::GPTConfig& config);
 
 /// Writes the directory that AutoModelForCausalLM.from_pretrained loads, as `model_type` (hf_model_type_for(config)
-/// when empty), its weights in shards of at most `max_shard_bytes` when they need more than one.
+/// when empty), its weights in shards of at most `max_shard_bytes` when they need more than one, with
+/// generation_config.json and `artifacts`' tokenizer files (AutoTokenizer.from_pretrained loads them).
 void save_hf(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& weights,
              const models::GPTConfig& config, const std::string& model_type = "",
-             int64_t max_shard_bytes = kMaxShardBytes);
+             int64_t max_shard_bytes = kMaxShardBytes, const HfArtifacts& artifacts = {});
 
 }  // namespace bridge::hf

@@ -175,7 +175,7 @@ std::map<std::string, torch::Tensor> load_gpt2_weights(const fs::path& directory
 }
 
 void save_gpt2(const fs::path& directory, const std::map<std::string, torch::Tensor>& weights,
-               const models::GPTConfig& config, int64_t max_shard_bytes) {
+               const models::GPTConfig& config, int64_t max_shard_bytes, const HfArtifacts& artifacts) {
   const auto get = [&](const std::string& name) {
     const auto it = weights.find(name);
     if (it == weights.end()) throw std::invalid_argument("save_gpt2: no weight " + name);
@@ -219,7 +219,7 @@ void save_gpt2(const fs::path& directory, const std::map<std::string, torch::Ten
       {"eos_token_id", config.vocab_size - 1},
       {"torch_dtype", "float32"},
   };
-  detail::write_directory(directory, tensors, hf, max_shard_bytes);
+  detail::write_directory(directory, tensors, hf, max_shard_bytes, artifacts);
 }
 
 }  // namespace bridge::hf

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 
+#include "bridge/hf/hf_artifacts.h"
 #include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
 
@@ -43,8 +44,10 @@ std::map<std::string, torch::Tensor> load_gpt2_weights(const std::filesystem::pa
 
 /// Writes `directory`/config.json and the weights (model.safetensors, or shards of at most `max_shard_bytes` with
 /// their index) from bridge's global tensors (the embedding may be padded: its first config.vocab_size rows are
-/// written). Replaces an earlier export's files; creates the directory.
+/// written), with `artifacts` beside them (hf_artifacts.h). Replaces an earlier export's files; creates the
+/// directory.
 void save_gpt2(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& weights,
-               const models::GPTConfig& config, int64_t max_shard_bytes = kMaxShardBytes);
+               const models::GPTConfig& config, int64_t max_shard_bytes = kMaxShardBytes,
+               const HfArtifacts& artifacts = {});
 
 }  // namespace bridge::hf

@@ -1,8 +1,12 @@
-// config.json and the safetensors weights of a Hugging Face model directory, single-file or sharded.
+// config.json and the safetensors weights of a Hugging Face model directory, single-file or sharded, and the artifacts
+// an export writes beside them.
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "bridge/hf/hf_files_internal.h"
 #include "utils/durable_file.h"
@@ -65,47 +69,119 @@ std::map<std::string, torch::Tensor> read_weights(const fs::path& directory) {
   return tensors;
 }
 
-void write_directory(const fs::path& directory, const std::map<std::string, torch::Tensor>& tensors, const json& config,
-                     int64_t max_shard_bytes) {
+namespace {
+
+bool is_weight_file(const std::string& name) {
+  const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                     fs::path(name).extension() == ".safetensors";
+  return shard || name == "model.safetensors" || name == "model.safetensors.index.json";
+}
+
+// config.json as the source had it where the export cannot know better: its token ids (a tokenizer of the run's own
+// replaces them) and its context, which an import does not change (the training seq_length when that is longer).
+void keep_source_fields(json& config, const json& source, const HfArtifacts& artifacts) {
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (const auto it = source.find(key); it != source.end() && !it->is_null()) config[key] = *it;
+  }
+  if (artifacts.bos_token_id) config["bos_token_id"] = *artifacts.bos_token_id;
+  if (artifacts.eos_token_id) config["eos_token_id"] = *artifacts.eos_token_id;
+  const auto context = config.find("max_position_embeddings");
+  if (context != config.end()) {
+    const auto theirs = value_or<int64_t>(source, "max_position_embeddings", 0);
+    if (theirs > context->get<int64_t>()) *context = theirs;
+  }
+}
+
+// generation_config.json: the source's as it is, unless a tokenizer of the run's own changes its ids; else what
+// transformers' save_pretrained writes for a model without one (GenerationConfig.from_model_config).
+std::string generation_config(const json& config, const HfArtifacts& artifacts) {
+  const fs::path theirs = artifacts.source / "generation_config.json";
+  const bool new_ids = artifacts.bos_token_id || artifacts.eos_token_id;
+  if (!artifacts.source.empty() && fs::exists(theirs)) {
+    if (!new_ids) return utils::read_file(theirs);
+    json generation = parse_file(theirs, "");
+    for (const char* key : {"bos_token_id", "eos_token_id"}) {
+      if (config.contains(key)) generation[key] = config[key];
+    }
+    return generation.dump(2) + "\n";
+  }
+  json generation = {{"_from_model_config", true}};
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (config.contains(key)) generation[key] = config[key];
+  }
+  return generation.dump(2) + "\n";
+}
+
+}  // namespace
+
+void write_directory(const fs::path& directory, const std::map<std::string, torch::Tensor>& tensors, json config,
+                     int64_t max_shard_bytes, const HfArtifacts& artifacts) {
   if (max_shard_bytes <= 0) {
     throw std::invalid_argument("the largest shard must be a positive number of bytes, got " +
                                 std::to_string(max_shard_bytes));
   }
+  // Everything read before anything is written: a missing source fails with the directory untouched.
+  const json source = artifacts.source.empty() ? json::object() : read_config(artifacts.source);
+  keep_source_fields(config, source, artifacts);
+  std::map<std::string, std::string> texts = artifacts.texts;
+  for (const auto& [name, file] : artifacts.files) texts[name] = utils::read_file(file);
+  texts["generation_config.json"] = generation_config(config, artifacts);
   fs::create_directories(directory);
+  const fs::path staging = directory / (".bridge-export-" + std::to_string(::getpid()));
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  std::vector<std::string> written;  // in the order they move into place: weights first, config.json last
+  try {
+    // transformers' rule (its split_torch_state_dict_into_shards): in order, a tensor that would take the shard past
+    // the limit starts the next one.
+    std::vector<std::map<std::string, torch::Tensor>> shards(1);
+    int64_t shard_bytes = 0, total_bytes = 0;
+    for (const auto& [name, tensor] : tensors) {
+      const auto bytes = static_cast<int64_t>(tensor.nbytes());
+      if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
+        shards.emplace_back();
+        shard_bytes = 0;
+      }
+      shards.back().emplace(name, tensor);
+      shard_bytes += bytes;
+      total_bytes += bytes;
+    }
+    if (shards.size() == 1) {
+      utils::write_safetensors(staging / "model.safetensors", tensors);
+      written.push_back("model.safetensors");
+    } else {
+      json weight_map = json::object();
+      for (std::size_t i = 0; i < shards.size(); ++i) {
+        char file[64];
+        std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+        utils::write_safetensors(staging / file, shards[i]);
+        written.push_back(file);
+        for (const auto& entry : shards[i]) weight_map[entry.first] = file;
+      }
+      const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+      texts["model.safetensors.index.json"] = index.dump(2) + "\n";
+    }
+    texts["config.json"] = config.dump(2) + "\n";
+    for (const auto& [name, text] : texts) {
+      if (name == "config.json") continue;
+      utils::write_file_durably(staging / name, text);
+      written.push_back(name);
+    }
+    utils::write_file_durably(staging / "config.json", texts["config.json"]);
+    written.push_back("config.json");
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+    throw;
+  }
+  for (const std::string& name : written) fs::rename(staging / name, directory / name);
+  const std::set<std::string> kept(written.begin(), written.end());
   for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
     const std::string name = entry.path().filename().string();
-    const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
-                       entry.path().extension() == ".safetensors";
-    if (shard || name == "model.safetensors" || name == "model.safetensors.index.json") fs::remove(entry.path());
+    if (is_weight_file(name) && kept.count(name) == 0) fs::remove(entry.path());
   }
-  // transformers' rule (its split_torch_state_dict_into_shards): in order, a tensor that would take the shard past
-  // the limit starts the next one.
-  std::vector<std::map<std::string, torch::Tensor>> shards(1);
-  int64_t shard_bytes = 0, total_bytes = 0;
-  for (const auto& [name, tensor] : tensors) {
-    const auto bytes = static_cast<int64_t>(tensor.nbytes());
-    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().emplace(name, tensor);
-    shard_bytes += bytes;
-    total_bytes += bytes;
-  }
-  if (shards.size() == 1) {
-    utils::write_safetensors(directory / "model.safetensors", tensors);
-  } else {
-    json weight_map = json::object();
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      char file[64];
-      std::snprintf(file, sizeof(file), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      utils::write_safetensors(directory / file, shards[i]);
-      for (const auto& entry : shards[i]) weight_map[entry.first] = file;
-    }
-    const json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    utils::write_file_durably(directory / "model.safetensors.index.json", index.dump(2) + "\n");
-  }
-  utils::write_file_durably(directory / "config.json", config.dump(2) + "\n");
+  utils::fsync_directory(directory);
+  fs::remove_all(staging);
 }
 
 std::string shape_of(const torch::Tensor& tensor) {

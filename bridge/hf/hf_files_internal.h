@@ -1,6 +1,6 @@
 // What the Hugging Face bridges share (internal to bridge/hf/): config.json read with the file named in errors, its
 // values with defaults, the weights of a directory (model.safetensors, or the shards model.safetensors.index.json
-// names, as checkpoints of large models come), and writing a directory back.
+// names, as checkpoints of large models come), and writing a directory back with its artifacts (hf_artifacts.h).
 #pragma once
 
 #include <torch/torch.h>
@@ -9,6 +9,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "bridge/hf/hf_artifacts.h"
 
 namespace bridge::hf::detail {
 
@@ -29,10 +31,13 @@ std::map<std::string, torch::Tensor> read_weights(const std::filesystem::path& d
 
 /// Writes config.json and the weights (creating the directory): one model.safetensors when they fit in
 /// `max_shard_bytes`, else transformers' shards, model-00001-of-0000N.safetensors each at most that size (a larger
-/// tensor alone), and model.safetensors.index.json. Weight files of an earlier export there are removed first, so
-/// that transformers does not read a stale one.
+/// tensor alone), and model.safetensors.index.json; and generation_config.json and `artifacts`' files, config.json
+/// keeping the source's token ids and context (hf_artifacts.h). Every file is written into a folder of its own in
+/// the directory first and moved into place only when all are written, so a failure leaves the directory as it was;
+/// then an earlier export's weight files that this one does not replace are removed, so that transformers does not
+/// read a stale one. Files of other names are left alone.
 void write_directory(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& tensors,
-                     const nlohmann::json& config, int64_t max_shard_bytes);
+                     nlohmann::json config, int64_t max_shard_bytes, const HfArtifacts& artifacts);
 
 /// "[3, 4]"
 std::string shape_of(const torch::Tensor& tensor);

@@ -332,7 +332,8 @@ std::map<std::string, torch::Tensor> load_llama_weights(const fs::path& director
 }
 
 void save_llama(const fs::path& directory, const std::map<std::string, torch::Tensor>& weights,
-                const models::GPTConfig& config, std::string_view model_type, int64_t max_shard_bytes) {
+                const models::GPTConfig& config, std::string_view model_type, int64_t max_shard_bytes,
+                const HfArtifacts& artifacts) {
   const Family* family = find_family(model_type);
   if (family == nullptr) {
     throw std::invalid_argument("save_llama: model_type '" + std::string(model_type) +
@@ -420,7 +421,7 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
       hf[family->sliding_window] = false;
     }
   }
-  detail::write_directory(directory, tensors, hf, max_shard_bytes);
+  detail::write_directory(directory, tensors, hf, max_shard_bytes, artifacts);
 }
 
 }  // namespace bridge::hf

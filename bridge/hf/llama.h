@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "bridge/hf/hf_artifacts.h"
 #include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
 
@@ -45,9 +46,10 @@ std::map<std::string, torch::Tensor> load_llama_weights(const std::filesystem::p
                                                         const models::GPTConfig& config);
 
 /// Writes config.json and the weights (model.safetensors, or shards of at most `max_shard_bytes` with their index)
-/// of a `model_type` model (llama, mistral, qwen2 or qwen3) from bridge's global tensors; the word embedding and
-/// output layer lose bridge's vocabulary padding.
+/// of a `model_type` model (llama, mistral, qwen2 or qwen3) from bridge's global tensors, with `artifacts` beside
+/// them (hf_artifacts.h); the word embedding and output layer lose bridge's vocabulary padding.
 void save_llama(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& weights,
-                const models::GPTConfig& config, std::string_view model_type, int64_t max_shard_bytes = kMaxShardBytes);
+                const models::GPTConfig& config, std::string_view model_type, int64_t max_shard_bytes = kMaxShardBytes,
+                const HfArtifacts& artifacts = {});
 
 }  // namespace bridge::hf
