@@ -2,15 +2,18 @@
 // GPT-2, Llama (grouped queries, untied; Llama 3.1's rope scaling, tied), Mistral, Qwen2 (QKV biases) and Qwen3 (q/k
 // norms) models loaded with checkpoint.pretrained_checkpoint=hf:<dir> give transformers' logits to fp32 round-off at
 // tp1, tp2, pp2 and pp2 x 2 virtual chunks (real ranks); after a training step, bridge-export writes a directory that
-// AutoModelForCausalLM.from_pretrained loads, with the logits bridge had; the TextGenerator's greedy continuation is
-// transformers' generate()'s. Also the safetensors reader's errors.
+// AutoModelForCausalLM.from_pretrained loads, with the logits bridge had, keeping the source's context, token ids,
+// generation_config.json and tokenizer (AutoTokenizer loads it; a run started from the export uses it); the
+// TextGenerator's greedy continuation is transformers' generate()'s. Also the safetensors reader's errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <utility>
 
 #include "tests/dist/spawn.h"
 #include "utils/safetensors.h"
@@ -158,12 +161,26 @@ INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceLogits,
 
 class HuggingFaceExport : public HuggingFace, public ::testing::WithParamInterface<const char*> {};
 
+// What a directory holds: each file's name, size and modification time.
+std::map<std::string, std::pair<std::uintmax_t, fs::file_time_type>> listing(const fs::path& directory) {
+  std::map<std::string, std::pair<std::uintmax_t, fs::file_time_type>> files;
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    files[entry.path().filename().string()] = {entry.is_regular_file() ? entry.file_size() : 0,
+                                               entry.last_write_time()};
+  }
+  return files;
+}
+
 // One training step at tp2, bridge-export, then AutoModelForCausalLM.from_pretrained: transformers' logits are the
-// trained model's, and the exported config.json names the family it came from.
+// trained model's, the exported config.json names the family it came from, and the export keeps the source's context
+// (Llama 3.1's 128 positions, not the training 32), token ids, generation_config.json and tokenizer (Llama's:
+// AutoTokenizer encodes as the source's does, and a run started from the export takes it as its tokenizer).
 TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
   const std::string family = GetParam();
   const fs::path out = run_layout(family, "roundtrip", 2, 1, 0);
   const fs::path exported = out / "exported";
+  fs::create_directories(exported);
+  std::ofstream(exported / "README.md") << "a file of the user's, which an export leaves alone\n";
   std::vector<std::string> command = {BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir",
                                       exported.string()};
   if (family == "mistral") command.insert(command.end(), {"--model-type", "mistral"});
@@ -188,7 +205,20 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
     }
     EXPECT_GE(shards, 3);
   }
-  python({"logits", exported.string(), reference(family).ids.string(), (out / "loaded.safetensors").string()});
+  EXPECT_TRUE(fs::exists(exported / "README.md"));
+  EXPECT_TRUE(fs::exists(exported / "generation_config.json"));
+  for (const auto& entry : fs::directory_iterator(exported)) {
+    EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".bridge-export"))) << "a staging folder was left";
+  }
+  const bool has_tokenizer = family == "llama";  // hf_models.py gives llama alone a tokenizer
+  if (has_tokenizer) {
+    EXPECT_THAT(exporting.output, HasSubstr("tokenizer.json, tokenizer_config.json"));
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) EXPECT_TRUE(fs::exists(exported / file));
+  } else {
+    EXPECT_THAT(exporting.output, AllOf(HasSubstr("has no tokenizer files"), HasSubstr("give --tokenizer")));
+  }
+  python({"exported", reference(family).hf.string(), exported.string(), reference(family).ids.string(),
+          (out / "loaded.safetensors").string()});
   const torch::Tensor trained = logits_in(out / "end.safetensors");
   const torch::Tensor loaded = logits_in(out / "loaded.safetensors");
   const double difference = max_difference(loaded, trained);
@@ -196,6 +226,28 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
               family.c_str(), difference);
   EXPECT_LT(difference, 2e-5);
   EXPECT_GT(max_difference(trained, logits_in(out / "start.safetensors")), 1e-4) << "the step changed the model";
+  if (has_tokenizer) {
+    // A run started from the export reads and writes its tokens with the export's tokenizer, not bytes.
+    const auto reimport = run_command({BRIDGE_PRETRAIN, "checkpoint.pretrained_checkpoint=hf:" + exported.string(),
+                                       "model.seq_length=32", "--print-config"},
+                                      std::chrono::seconds(120));
+    ASSERT_EQ(reimport.exit_code, 0) << reimport.output;
+    EXPECT_THAT(reimport.output,
+                AllOf(HasSubstr("tokenizer_type: HuggingFaceTokenizer"),
+                      HasSubstr("tokenizer_model: " + exported.string()), HasSubstr("eod_token_id: 1")));
+    // A failed export leaves the directory as it was: a source whose config.json is not JSON is read before anything
+    // is written.
+    const fs::path bad_source = out / "bad_source";
+    fs::create_directories(bad_source);
+    std::ofstream(bad_source / "config.json") << "{ not json";
+    const auto before = listing(exported);
+    const auto failing = run_command({BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir",
+                                      exported.string(), "--hf-source", bad_source.string()},
+                                     std::chrono::seconds(120));
+    EXPECT_EQ(failing.exit_code, 1) << failing.output;
+    EXPECT_THAT(failing.output, HasSubstr("config.json is not JSON"));
+    EXPECT_EQ(listing(exported), before) << "a failed export changed the directory";
+  }
   fs::remove_all(out);
 }
 
@@ -254,6 +306,20 @@ TEST(HuggingFaceExportErrors, NamedWithTheirExitCodes) {
                                     std::chrono::seconds(60));
   EXPECT_EQ(bad_size.exit_code, 2);
   EXPECT_THAT(bad_size.output, HasSubstr("--max-shard-size: '5XB' is not a size"));
+  // --tokenizer and --hf-source are checked before the checkpoint is read.
+  const auto no_tokenizer =
+      run_command({BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--tokenizer", (out / "absent").string()},
+                  std::chrono::seconds(60));
+  EXPECT_EQ(no_tokenizer.exit_code, 2);
+  EXPECT_THAT(no_tokenizer.output, HasSubstr("--tokenizer " + (out / "absent").string() + " does not exist"));
+  const auto empty_tokenizer = run_command(
+      {BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--tokenizer", out.string()}, std::chrono::seconds(60));
+  EXPECT_EQ(empty_tokenizer.exit_code, 2);
+  EXPECT_THAT(empty_tokenizer.output, HasSubstr("holds no tokenizer.json, tokenizer.model or vocab.json + merges.txt"));
+  const auto no_source = run_command({BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--hf-source", out.string()},
+                                     std::chrono::seconds(60));
+  EXPECT_EQ(no_source.exit_code, 2);
+  EXPECT_THAT(no_source.output, HasSubstr("--hf-source " + out.string() + " holds no config.json"));
   fs::remove_all(out);
 }
 

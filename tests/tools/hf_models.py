@@ -3,17 +3,26 @@
 downloads: each model is a tiny random one that transformers itself builds.
 
   hf_models.py make FAMILY DIR              a tiny model of FAMILY (every weight perturbed, so a swapped bias or norm
-                                           shows) saved with save_pretrained to DIR/hf; random token ids [2, 32] to
-                                           DIR/ids.safetensors, the model's logits for them to DIR/logits.safetensors
-                                           and the greedy continuation of PROMPT's bytes by 6 tokens (as `generate`;
+                                           shows) saved with save_pretrained to DIR/hf, llama's with a byte-level BPE
+                                           tokenizer (tokenizer.json, tokenizer_config.json) made here; random token
+                                           ids [2, 32] to DIR/ids.safetensors, the model's logits for them to
+                                           DIR/logits.safetensors and the greedy continuation of PROMPT (its bytes, or
+                                           its tokens where the model has a tokenizer) by 6 tokens (as `generate`;
                                            tests/dist/gpt_worker.cpp's TextGenerator prompt) to
                                            DIR/generated.safetensors ("ids", "tokens")
   hf_models.py logits DIR IDS LOGITS        AutoModelForCausalLM.from_pretrained(DIR)'s logits for the ids of IDS
+  hf_models.py exported SOURCE DIR IDS LOGITS
+                                           logits as above for DIR, an export of a model trained from SOURCE, and
+                                           checks that DIR keeps what SOURCE had beside the weights: the context
+                                           (max_position_embeddings), bos/eos ids, generation_config and, where SOURCE
+                                           has one, a tokenizer that AutoTokenizer loads and that encodes TEXT as
+                                           SOURCE's does; prints each difference and exits 1 if there is one
   hf_models.py generate DIR IDS OUT N       greedy continuation of IDS' first row by N tokens ("tokens" in OUT),
                                            never an id of 257 or more (bridge's byte-level TextGenerator's rule)
 
-FAMILY: gpt2; llama (grouped-query attention, untied, Llama 3's rope_theta); llama31 (Llama 3.1's rope scaling,
-tied embeddings); mistral; qwen2 (QKV biases); qwen3 (q/k norms, a head width of its own).
+FAMILY: gpt2; llama (grouped-query attention, untied, Llama 3's rope_theta, a tokenizer); llama31 (Llama 3.1's
+rope scaling, tied embeddings, a context of 128); mistral; qwen2 (QKV biases); qwen3 (q/k norms, a head width of its
+own).
 """
 import os
 import sys
@@ -23,10 +32,16 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 import transformers  # noqa: E402
 
 VOCAB, POSITIONS = 301, 32  # a vocabulary that no tensor-parallel padding divides
-PROMPT = "Once upon a time"  # what the TextGenerator continues in tests/dist/gpt_worker.cpp, byte by byte
+PROMPT = "Once upon a time"  # what the TextGenerator continues in tests/dist/gpt_worker.cpp
+TEXT = "Once upon a time, the tokenizer of an export read this text."  # what `exported` encodes with both
+# What llama's tokenizer is trained on: 256 byte tokens, two special ones and 43 merges make VOCAB.
+CORPUS = ["Once upon a time there was a tiny model that learned to read.",
+          "The quick brown fox jumps over the lazy dog, and the dog sleeps on.",
+          "Hugging Face directories hold config.json, the weights and the tokenizer files."] * 4
 
 # Four layers, hidden 64, 4 query heads in 2 key/value groups (at tp2 each rank holds one group).
 LLAMA_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -39,8 +54,8 @@ def config_of(family):
         return transformers.GPT2Config(vocab_size=VOCAB, n_positions=POSITIONS, n_embd=64, n_layer=4, n_head=4,
                                        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                                        attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
-    if family == "llama":
-        return transformers.LlamaConfig(**LLAMA_SHAPE, tie_word_embeddings=False,
+    if family == "llama":  # bos and eos are its tokenizer's
+        return transformers.LlamaConfig(**LLAMA_SHAPE, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
                                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     if family == "llama31":
         # Small original context so that every band of the scaling (kept, blended, divided) has frequencies.
@@ -58,6 +73,23 @@ def config_of(family):
     raise SystemExit(f"unknown family {family}")
 
 
+def tokenizer_of(family):
+    """A Llama-3-like tokenizer (byte-level BPE, BOS added by TemplateProcessing) trained here, or None."""
+    if family != "llama":
+        return None
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", 0)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|begin_of_text|>",
+                                                eos_token="<|end_of_text|>")
+
+
 def logits_of(model, ids):
     with torch.no_grad():
         return model(ids).logits.float().contiguous()
@@ -70,11 +102,16 @@ def make(family, directory):
         for parameter in model.parameters():  # a tied lm_head once
             parameter.add_(0.05 * torch.randn_like(parameter))
     model.save_pretrained(os.path.join(directory, "hf"))
+    tokenizer = tokenizer_of(family)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(os.path.join(directory, "hf"))
     ids = torch.randint(0, VOCAB, (2, POSITIONS))
     save_file({"ids": ids}, os.path.join(directory, "ids.safetensors"))
     save_file({"logits": logits_of(model, ids)}, os.path.join(directory, "logits.safetensors"))
-    prompt = torch.tensor([list(PROMPT.encode())])
-    save_file({"ids": prompt, "tokens": greedy(model, prompt, 6)}, os.path.join(directory, "generated.safetensors"))
+    # The TextGenerator encodes the prompt with the run's tokenizer (an hf: start's tokenizer.json), else as bytes.
+    prompt = torch.tensor([tokenizer(PROMPT).input_ids if tokenizer is not None else list(PROMPT.encode())])
+    tokens = greedy(model, prompt, 6, len(tokenizer) if tokenizer is not None else 257)
+    save_file({"ids": prompt, "tokens": tokens}, os.path.join(directory, "generated.safetensors"))
 
 
 def load(directory):
@@ -86,12 +123,48 @@ def logits(directory, ids_path, logits_path):
     save_file({"logits": logits_of(load(directory), load_file(ids_path)["ids"])}, logits_path)
 
 
-def greedy(model, prompt, tokens):
+def greedy(model, prompt, tokens, known=257):
     with torch.no_grad():
-        # bridge's byte-level TextGenerator never picks ids its tokenizer lacks (257 and up): neither may this.
+        # bridge's TextGenerator never picks ids its tokenizer lacks (the byte-level one's: 257 and up): neither may
+        # this.
         out = model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0,
-                             suppress_tokens=list(range(257, VOCAB)), eos_token_id=None)
+                             suppress_tokens=list(range(known, VOCAB)) or None, eos_token_id=None)
     return out[0, prompt.shape[1]:].contiguous()
+
+
+def exported(source, directory, ids_path, logits_path):
+    logits(directory, ids_path, logits_path)
+    differences = []
+
+    def same(what, theirs, ours):
+        if theirs != ours:
+            differences.append(f"{what}: the source's {theirs!r}, the export's {ours!r}")
+
+    theirs, ours = (transformers.AutoConfig.from_pretrained(d, local_files_only=True) for d in (source, directory))
+    for key in ("max_position_embeddings", "n_positions", "bos_token_id", "eos_token_id", "pad_token_id"):
+        same(f"config.json's {key}", getattr(theirs, key, None), getattr(ours, key, None))
+    if not os.path.exists(os.path.join(directory, "generation_config.json")):
+        differences.append("the export has no generation_config.json")
+    else:
+        generation = [transformers.GenerationConfig.from_pretrained(d, local_files_only=True).to_diff_dict()
+                      for d in (source, directory)]
+        same("generation_config.json", *generation)
+    if os.path.exists(os.path.join(source, "tokenizer.json")):
+        theirs = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+        try:
+            ours = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        except (OSError, ValueError) as error:
+            differences.append(f"AutoTokenizer does not load the export: {error}")
+        else:
+            same(f"the ids of {TEXT!r}", theirs(TEXT).input_ids, ours(TEXT).input_ids)
+            same("the tokenizer's bos/eos", (theirs.bos_token_id, theirs.eos_token_id),
+                 (ours.bos_token_id, ours.eos_token_id))
+            same("the tokenizer's size", len(theirs), len(ours))
+    for difference in differences:
+        print(difference)
+    if differences:
+        raise SystemExit(1)
+    print("the export keeps the context, token ids, generation_config and tokenizer of", source)
 
 
 def generate(directory, ids_path, out_path, tokens):
@@ -99,5 +172,5 @@ def generate(directory, ids_path, out_path, tokens):
 
 
 if __name__ == "__main__":
-    commands = {"make": make, "logits": logits, "generate": generate}
+    commands = {"make": make, "logits": logits, "exported": exported, "generate": generate}
     commands[sys.argv[1]](*sys.argv[2:])
