@@ -178,7 +178,8 @@ bridge::hf::HfArtifacts artifacts_for(const bridge::training::ConfigContainer& r
           source_tokenizer && !hf_source.empty() ? tokenizer_at(hf_source, "--hf-source") : run_tokenizer(section);
     } catch (const std::invalid_argument& e) {
       warn("the run's tokenizer section (" + section.tokenizer_type + ") names files that are gone (" + e.what() +
-           "), so the export has no tokenizer files; give --tokenizer DIR-or-FILE where they are now");
+           "), so the export has no tokenizer files; give --tokenizer DIR-or-FILE where they are now" +
+           (source_tokenizer ? " (or --hf-source DIR, the model's directory whose tokenizer it was)" : ""));
     }
     if (byte_ids) {
       std::printf("bridge-export: a %s run has no tokenizer files: the export has none (its ids are %s)\n",
