@@ -130,16 +130,13 @@ std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::share
 }
 
 OptimizerParamSchedulerOptions scheduler_options(const ConfigContainer& config) {
-  const int64_t samples_per_step = config.train.global_batch_size;
   OptimizerParamSchedulerOptions options;
   options.init_lr = 0.0;
   options.max_lr = config.optimizer.lr;
   options.min_lr = config.optimizer.min_lr;
-  options.lr_warmup_steps = config.scheduler.lr_warmup_iters * samples_per_step;
-  const int64_t decay_iters =
-      config.scheduler.lr_decay_iters > 0 ? config.scheduler.lr_decay_iters : config.train.train_iters;
-  options.lr_decay_steps =
-      std::max<int64_t>(1, std::max(decay_iters, config.scheduler.lr_warmup_iters + 1)) * samples_per_step;
+  const SchedulerSteps steps = config.scheduler_steps();  // in samples: step() gets the samples of each iteration
+  options.lr_warmup_steps = steps.warmup;
+  options.lr_decay_steps = steps.decay;
   options.lr_decay_style = parse_lr_decay_style(config.scheduler.lr_decay_style);
   return options;
 }
@@ -270,6 +267,7 @@ TrainState run_pretrain(const ConfigContainer& user_config, ForwardStepFn step_f
   bridge::utils::logger().debug("host allocator: {}", bridge::utils::configure_host_allocator().detail);
   ParallelScope scope(config.parallelism);
   config.validate(parallel::get_world_size());
+  config.finalize();  // train.train_samples -> train_iters
   scope.initialize_model_parallel(config.parallelism);
   torch::set_num_threads(preflight(config, scope.device()));
   // Megatron's seeds: +100 per pipeline stage for the default stream, +2718 + tp rank for the tensor-parallel one.

@@ -144,6 +144,66 @@ TEST(MegatronBridgeKeys, FeaturesBridgeLacksAreAcceptedOnlyWhenOff) {
   EXPECT_THAT(override_error("profiling={profile_step_start: 10}"), HasSubstr("type: Profiler"));
 }
 
+// The message of the std::invalid_argument that validate() throws for `config` on one rank.
+std::string validate_error(const ConfigContainer& config) {
+  try {
+    config.validate(1);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "validate() threw nothing";
+  return "";
+}
+
+// Megatron-Bridge's lr_warmup_fraction and sample-based training (train_samples, lr_warmup_samples,
+// lr_decay_samples): its recipes' keys load, and what it refuses is refused naming both keys and the fix
+// (tests/unit/optimizer_param_scheduler_test.cpp checks the learning rates they give).
+TEST(MegatronBridgeKeys, SampleBasedTrainingAndAWarmupFractionAreItsSchedule) {
+  const ConfigContainer samples = load_config_yaml_string(R"(
+train: {global_batch_size: 8, train_iters: null, train_samples: 800}
+scheduler: {lr_warmup_fraction: null, lr_warmup_iters: 0, lr_warmup_samples: 80, lr_decay_iters: null,
+            lr_decay_samples: 640, lr_wsd_decay_iters: null, lr_wsd_decay_samples: null,
+            lr_wsd_decay_style: exponential}
+)");
+  EXPECT_EQ(samples.train.train_samples, 800);
+  EXPECT_EQ(samples.scheduler.lr_warmup_samples, 80);
+  EXPECT_EQ(samples.scheduler.lr_decay_samples, 640);
+  EXPECT_NO_THROW(samples.validate(1));
+  ConfigContainer finalized = samples;
+  finalized.finalize();
+  EXPECT_EQ(finalized.train.train_iters, 100);
+  EXPECT_EQ(finalized.scheduler_steps().warmup, 80);
+  EXPECT_EQ(finalized.scheduler_steps().decay, 640);
+  const ConfigContainer fraction = with_overrides({"scheduler.lr_warmup_fraction=0.01", "train.train_iters=1000"});
+  EXPECT_NO_THROW(fraction.validate(1));
+  EXPECT_EQ(fraction.scheduler_steps().warmup, 10);
+
+  // Both lengths of training, or keys of the other kind: named, with the fix.
+  EXPECT_THAT(validate_error(with_overrides({"train.train_iters=100", "train.train_samples=800"})),
+              AllOf(HasSubstr("train.train_iters (100) and train.train_samples (800) are both set"),
+                    HasSubstr("~train.train_iters")));
+  EXPECT_THAT(validate_error(with_overrides({"train.train_samples=800", "scheduler.lr_warmup_iters=10"})),
+              AllOf(HasSubstr("scheduler.lr_warmup_iters (10) counts iterations, but train.train_samples makes"),
+                    HasSubstr("use scheduler.lr_warmup_samples or scheduler.lr_warmup_fraction")));
+  EXPECT_THAT(validate_error(with_overrides({"train.train_samples=800", "scheduler.lr_decay_iters=50"})),
+              HasSubstr("scheduler.lr_decay_iters (50) counts iterations"));
+  EXPECT_THAT(validate_error(with_overrides({"train.train_iters=100", "scheduler.lr_decay_samples=640"})),
+              AllOf(HasSubstr("scheduler.lr_decay_samples (640) counts samples, but the schedule is iteration-based"),
+                    HasSubstr("set train.train_samples")));
+  EXPECT_THAT(validate_error(with_overrides({"train.train_iters=100", "scheduler.lr_warmup_samples=8"})),
+              HasSubstr("scheduler.lr_warmup_samples (8) counts samples"));
+  EXPECT_THAT(validate_error(with_overrides({"scheduler.lr_warmup_fraction=0.1", "scheduler.lr_warmup_iters=5"})),
+              HasSubstr("scheduler.lr_warmup_fraction and scheduler.lr_warmup_iters (5) are both set; keep one"));
+  EXPECT_THAT(validate_error(with_overrides(
+                  {"train.train_samples=800", "scheduler.lr_warmup_fraction=0.1", "scheduler.lr_warmup_samples=8"})),
+              HasSubstr("scheduler.lr_warmup_fraction and scheduler.lr_warmup_samples (8) are both set"));
+  EXPECT_THAT(validate_error(with_overrides({"scheduler.lr_warmup_fraction=1.5"})),
+              HasSubstr("scheduler.lr_warmup_fraction must be in [0, 1]"));
+  EXPECT_THAT(validate_error(with_overrides({"train.global_batch_size=8", "train.train_samples=4"})),
+              HasSubstr("train.train_samples (4) must be at least train.global_batch_size (8)"));
+  EXPECT_THAT(override_error("scheduler.lr_wsd_decay_iters=100"), HasSubstr("no WSD decay"));
+}
+
 TEST(MegatronBridgeKeys, TwoSpellingsOfOneFieldMustAgree) {
   const ConfigContainer same =
       load_config_yaml_string("model: {seq_length: 256}\ndataset: {seq_length: 256, random_seed: 3}\nrng: {seed: 3}\n");

@@ -63,7 +63,89 @@ void validate_distributed_optimizer(const ConfigContainer& config) {
   }
 }
 
+// Megatron-Bridge's two kinds of schedule (its _validate_training_scheduler_compatibility): iteration-based keys with
+// train.train_iters, sample-based ones with train.train_samples, never mixed; the warmup as a fraction or a length.
+void validate_schedule(const ConfigContainer& config) {
+  const TrainingConfig& t = config.train;
+  const SchedulerConfig& s = config.scheduler;
+  require(s.lr_warmup_iters >= 0, "scheduler.lr_warmup_iters must be >= 0, got " + str(s.lr_warmup_iters));
+  require(s.lr_decay_iters >= 0,
+          "scheduler.lr_decay_iters must be >= 0 (0: train.train_iters), got " + str(s.lr_decay_iters));
+  require(s.lr_warmup_samples >= 0, "scheduler.lr_warmup_samples must be >= 0, got " + str(s.lr_warmup_samples));
+  require(s.lr_decay_samples >= 0,
+          "scheduler.lr_decay_samples must be >= 0 (0: train.train_samples), got " + str(s.lr_decay_samples));
+  if (s.lr_warmup_fraction) {
+    require(std::isfinite(*s.lr_warmup_fraction) && *s.lr_warmup_fraction >= 0.0 && *s.lr_warmup_fraction <= 1.0,
+            "scheduler.lr_warmup_fraction must be in [0, 1] (a share of the decay), got " +
+                std::to_string(*s.lr_warmup_fraction));
+  }
+  // A key of the other kind of schedule: named with the key that decides the kind, and the key to use instead.
+  struct OtherKind {
+    const char* key;
+    int64_t value;
+    const char* instead;
+  };
+  if (t.train_samples) {
+    require(*t.train_samples >= t.global_batch_size,
+            "train.train_samples (" + str(*t.train_samples) + ") must be at least train.global_batch_size (" +
+                str(t.global_batch_size) + "): training runs train_samples / global_batch_size steps");
+    require(t.train_iters == 0, "train.train_iters (" + str(t.train_iters) + ") and train.train_samples (" +
+                                    str(*t.train_samples) +
+                                    ") are both set; keep one, unsetting the other (~train.train_iters or "
+                                    "~train.train_samples), as Megatron-Bridge requires");
+    for (const OtherKind& other :
+         {OtherKind{"scheduler.lr_decay_iters", s.lr_decay_iters, "scheduler.lr_decay_samples"},
+          OtherKind{"scheduler.lr_warmup_iters", s.lr_warmup_iters,
+                    "scheduler.lr_warmup_samples or scheduler.lr_warmup_fraction"}}) {
+      require(other.value == 0, std::string(other.key) + " (" + str(other.value) +
+                                    ") counts iterations, but train.train_samples makes the schedule sample-based; "
+                                    "use " +
+                                    other.instead + " and unset it (~" + other.key + ")");
+    }
+    require(!s.lr_warmup_fraction || s.lr_warmup_samples == 0,
+            "scheduler.lr_warmup_fraction and scheduler.lr_warmup_samples (" + str(s.lr_warmup_samples) +
+                ") are both set; keep one");
+  } else {
+    for (const OtherKind& other :
+         {OtherKind{"scheduler.lr_decay_samples", s.lr_decay_samples, "scheduler.lr_decay_iters"},
+          OtherKind{"scheduler.lr_warmup_samples", s.lr_warmup_samples,
+                    "scheduler.lr_warmup_iters or scheduler.lr_warmup_fraction"}}) {
+      require(other.value == 0, std::string(other.key) + " (" + str(other.value) +
+                                    ") counts samples, but the schedule is iteration-based (train.train_samples is "
+                                    "not set); set train.train_samples instead of train.train_iters, or use " +
+                                    other.instead + " and unset it (~" + other.key + ")");
+    }
+    require(!s.lr_warmup_fraction || s.lr_warmup_iters == 0,
+            "scheduler.lr_warmup_fraction and scheduler.lr_warmup_iters (" + str(s.lr_warmup_iters) +
+                ") are both set; keep one");
+  }
+}
+
 }  // namespace
+
+void ConfigContainer::finalize() {
+  if (train.train_samples) train.train_iters = *train.train_samples / train.global_batch_size;
+}
+
+SchedulerSteps ConfigContainer::scheduler_steps() const {
+  const int64_t batch = train.global_batch_size;
+  const SchedulerConfig& s = scheduler;
+  SchedulerSteps steps;
+  if (train.train_samples) {
+    steps.decay = s.lr_decay_samples > 0 ? s.lr_decay_samples : *train.train_samples;
+    steps.warmup = s.lr_warmup_samples;
+  } else {
+    steps.decay = (s.lr_decay_iters > 0 ? s.lr_decay_iters : train.train_iters) * batch;
+    steps.warmup = s.lr_warmup_iters * batch;
+  }
+  // Megatron-Bridge's lr_warmup_steps = lr_warmup_fraction x lr_decay_steps, here in whole samples.
+  if (s.lr_warmup_fraction) {
+    steps.warmup = static_cast<int64_t>(*s.lr_warmup_fraction * static_cast<double>(steps.decay));
+  }
+  // A decay shorter than the warmup (a short run of a long recipe) would never start: it ends a step after it.
+  steps.decay = std::max({steps.decay, steps.warmup + batch, batch});
+  return steps;
+}
 
 void ConfigContainer::validate(int world_size) const {
   const ParallelismConfig& p = parallelism;
@@ -106,6 +188,7 @@ void ConfigContainer::validate(int world_size) const {
               "train.micro_batch_size (" +
               str(t.micro_batch_size) + ") x data-parallel size (" + str(dp) + ")");
   require(t.train_iters >= 0, "train.train_iters must be >= 0, got " + str(t.train_iters));
+  validate_schedule(*this);
   require(t.eval_interval >= 0,
           "train.eval_interval must be >= 0 (0: evaluate only after training), got " + str(t.eval_interval));
   require(t.eval_iters >= 0, "train.eval_iters must be >= 0, got " + str(t.eval_iters));
@@ -122,11 +205,13 @@ void ConfigContainer::validate(int world_size) const {
   }
 
   // The counters and tensors these sizes make, named here rather than overflowing inside the run.
+  // With train.train_samples the run's steps are train_samples / global_batch_size (finalize()).
+  const int64_t iterations = t.train_samples ? *t.train_samples / t.global_batch_size : t.train_iters;
   checked_product({{"train.train_iters", t.train_iters}, {"train.global_batch_size", t.global_batch_size}},
                   "the samples consumed by training");
   checked_product({{"train.eval_iters", t.eval_iters},
                    {"train.global_batch_size", t.global_batch_size},
-                   {"train.train_iters", std::max<int64_t>(1, t.train_iters)}},
+                   {"the training steps", std::max<int64_t>(1, iterations)}},
                   "the samples consumed by every evaluation of the run");
   checked_product(
       {{"scheduler.lr_warmup_iters", scheduler.lr_warmup_iters}, {"train.global_batch_size", t.global_batch_size}},
@@ -146,8 +231,6 @@ void ConfigContainer::validate(int world_size) const {
   model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size);
   optimizer.validate();
   validate_distributed_optimizer(*this);
-  require(scheduler.lr_warmup_iters >= 0, "scheduler.lr_warmup_iters must be >= 0");
-  require(scheduler.lr_decay_iters >= 0, "scheduler.lr_decay_iters must be >= 0 (0: train.train_iters)");
   try {
     parse_lr_decay_style(scheduler.lr_decay_style);
   } catch (const std::invalid_argument& error) {

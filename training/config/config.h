@@ -33,7 +33,11 @@ struct TrainingConfig {
   int64_t micro_batch_size = 1;
   /// Samples per optimizer step over all data-parallel ranks: micro_batch_size x dp x micro-batches per step.
   int64_t global_batch_size = 1;
+  /// Optimizer steps to train; with train_samples, finalize() sets it to train_samples / global_batch_size.
   int64_t train_iters = 0;
+  /// Megatron's sample-based training: samples to train instead of train_iters (which must then be 0), and the
+  /// scheduler's lengths in samples (SchedulerConfig's *_samples).
+  std::optional<int64_t> train_samples;
   /// Evaluate every eval_interval steps during training (0: only after training).
   int64_t eval_interval = 0;
   /// Steps per evaluation; 0 disables validation and test.
@@ -53,11 +57,26 @@ struct TrainingConfig {
   std::optional<double> exit_duration_in_mins;
 };
 
+/// Megatron-Bridge's SchedulerConfig. Lengths are in steps (iteration-based training) or, with train.train_samples,
+/// in samples (the *_samples keys); the two kinds do not mix.
 struct SchedulerConfig {
   int64_t lr_warmup_iters = 0;
   /// Steps over which the learning rate decays to optimizer.min_lr; 0 = train.train_iters.
   int64_t lr_decay_iters = 0;
+  /// Warmup as a share of the decay (lr_decay_iters or lr_decay_samples, warmup included), instead of
+  /// lr_warmup_iters / lr_warmup_samples.
+  std::optional<double> lr_warmup_fraction;
+  /// With train.train_samples: the warmup and the decay in samples; decay 0 = train.train_samples.
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_decay_samples = 0;
   std::string lr_decay_style = "cosine";  ///< constant, linear, cosine or inverse-square-root
+};
+
+/// The scheduler's lengths in samples, which OptimizerParamScheduler counts (it steps by global_batch_size per
+/// iteration), as Megatron-Bridge's ConfigContainer computes lr_warmup_steps and lr_decay_steps.
+struct SchedulerSteps {
+  int64_t warmup = 0;
+  int64_t decay = 1;  ///< from step 0, warmup included
 };
 
 struct ParallelismConfig {
@@ -227,6 +246,14 @@ struct ConfigContainer {
 
   /// Checks every section for a job of `world_size` ranks; throws std::invalid_argument naming the field.
   void validate(int world_size) const;
+  /// Sets what Megatron-Bridge derives from the keys as written: train.train_iters = train.train_samples /
+  /// global_batch_size with sample-based training. pretrain() calls it once, after validate() (which refuses
+  /// train_iters and train_samples both set, so a finalized sample-based config no longer validates).
+  void finalize();
+  /// The scheduler's warmup and decay in samples: lr_warmup_fraction x decay, or lr_warmup_iters x
+  /// global_batch_size (lr_warmup_samples); decay lr_decay_iters (train_iters) x global_batch_size (lr_decay_samples,
+  /// train_samples); the decay lasts at least one step beyond the warmup.
+  SchedulerSteps scheduler_steps() const;
   /// world_size / (tp x pp).
   int data_parallel_size(int world_size) const;
   /// global_batch_size / (micro_batch_size x dp).

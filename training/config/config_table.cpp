@@ -90,7 +90,12 @@ const std::vector<Field>& fields() {
             "Samples per forward/backward pass on one rank."),
       field("train.global_batch_size", &C::train, &TrainingConfig::global_batch_size,
             "Samples per optimizer step over all data-parallel ranks (micro_batch_size x dp x micro-batches)."),
-      field("train.train_iters", &C::train, &TrainingConfig::train_iters, "Optimizer steps to train."),
+      field("train.train_iters", &C::train, &TrainingConfig::train_iters,
+            "Optimizer steps to train (0 with train.train_samples)."),
+      field("train.train_samples", &C::train, &TrainingConfig::train_samples,
+            "Sample-based training (Megatron's --train-samples): train train_samples / global_batch_size steps, "
+            "with the scheduler's lengths in samples (scheduler.lr_*_samples); train.train_iters must be 0. null = "
+            "iteration-based (train.train_iters)."),
       field("train.eval_interval", &C::train, &TrainingConfig::eval_interval,
             "Validate every this many steps; 0 = only after training."),
       field("train.eval_iters", &C::train, &TrainingConfig::eval_iters,
@@ -126,7 +131,15 @@ const std::vector<Field>& fields() {
       field("scheduler.lr_warmup_iters", &C::scheduler, &SchedulerConfig::lr_warmup_iters,
             "Steps of linear warmup from 0 to optimizer.lr."),
       field("scheduler.lr_decay_iters", &C::scheduler, &SchedulerConfig::lr_decay_iters,
-            "Steps over which the learning rate decays to optimizer.min_lr; 0 = train.train_iters."),
+            "Steps over which the learning rate decays to optimizer.min_lr, warmup included; 0 = train.train_iters."),
+      field("scheduler.lr_warmup_fraction", &C::scheduler, &SchedulerConfig::lr_warmup_fraction,
+            "The warmup as a share of the decay (lr_decay_iters or lr_decay_samples), instead of lr_warmup_iters or "
+            "lr_warmup_samples (which must then be 0), as Megatron-Bridge's; null = those."),
+      field("scheduler.lr_warmup_samples", &C::scheduler, &SchedulerConfig::lr_warmup_samples,
+            "With train.train_samples: samples of linear warmup (as lr_warmup_iters x global_batch_size)."),
+      field("scheduler.lr_decay_samples", &C::scheduler, &SchedulerConfig::lr_decay_samples,
+            "With train.train_samples: samples over which the learning rate decays, warmup included; 0 = "
+            "train.train_samples."),
       field("scheduler.lr_decay_style", &C::scheduler, &SchedulerConfig::lr_decay_style,
             "constant, linear, cosine or inverse-square-root."),
 

@@ -43,6 +43,8 @@ struct Entry {
 constexpr std::string_view kCoreTokenizers =
     "bridge's tokenizers behave as megatron.core.tokenizers' (Llama2Tokenizer adds no BOS)";
 constexpr std::string_view kNoTikToken = "bridge has no TikTokenizer; use its tokenizer.json as HuggingFaceTokenizer";
+constexpr std::string_view kNoWsd =
+    "bridge's scheduler has no WSD decay (scheduler.lr_decay_style: constant, linear, cosine, inverse-square-root)";
 constexpr std::string_view kPreNorm = "bridge's transformer layers are pre-norm (the residual is the layer's input)";
 
 constexpr Entry kEntries[] = {
@@ -81,7 +83,11 @@ constexpr Entry kEntries[] = {
     {"scheduler.end_weight_decay", Rule::kOverride, "optimizer.weight_decay"},
     {"scheduler.weight_decay_incr_style", Rule::kOnly, "constant", "bridge's weight decay is constant"},
     {"scheduler.lr_warmup_init", Rule::kOnly, "0", "bridge's warmup starts from a learning rate of 0"},
-    // Computed by Megatron-Bridge from the iterations and batch size; written in its YAML dumps.
+    // Warmup-stable-decay (lr_decay_style WSD), which bridge's scheduler lacks; the style is read only under WSD.
+    {"scheduler.lr_wsd_decay_iters", Rule::kOnly, "null", kNoWsd},
+    {"scheduler.lr_wsd_decay_samples", Rule::kOnly, "null", kNoWsd},
+    {"scheduler.lr_wsd_decay_style", Rule::kIgnore, ""},
+    // Computed by Megatron-Bridge from the iterations (or samples) and batch size; written in its YAML dumps.
     {"scheduler.lr_decay_steps", Rule::kIgnore, ""},
     {"scheduler.lr_warmup_steps", Rule::kIgnore, ""},
     {"scheduler.wd_incr_steps", Rule::kIgnore, ""},
