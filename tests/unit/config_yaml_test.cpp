@@ -131,6 +131,11 @@ TEST(ConfigYaml, UnknownKeysNameTheKeyAndSuggestTheClosest) {
   EXPECT_THAT(override_error("model.train_iters=8"), HasSubstr("did you mean 'train.train_iters'?"));
   // A typo in the section.
   EXPECT_THAT(override_error("trian.train_iters=8"), HasSubstr("did you mean 'train.train_iters'?"));
+  // A key's exact name in another section wins over a near spelling in this one (train.eval_interval).
+  EXPECT_THAT(override_error("train.log_interval=5"), HasSubstr("did you mean 'logging.log_interval'?"));
+  EXPECT_THAT(override_error("train.lr=0.1"), HasSubstr("did you mean 'optimizer.lr'?"));
+  // Of several sections with the name, the nearest: model.vocab_size, not tokenizer.vocab_size.
+  EXPECT_THAT(override_error("modl.vocab_size=8"), HasSubstr("did you mean 'model.vocab_size'?"));
   // Nothing close: the section's keys, or the sections.
   EXPECT_THAT(override_error("rng.zzzzzzzz=1"), HasSubstr("the keys of 'rng' are rng.seed"));
   EXPECT_THAT(override_error("zzzzzzzz.qqqqqq=1"), HasSubstr("the sections are model, train, optimizer"));

@@ -99,20 +99,32 @@ std::string a_or_an(const std::string& noun) {
   return (noun.empty() || std::string_view("aeiou").find(noun[0]) == std::string_view::npos ? "a " : "an ") + noun;
 }
 
+// The key whose leaf is `path`'s, in another section or none ("global_batch_size", "model.train_iters"), the nearest
+// in spelling when several sections have it ("train.vocab_size": model's, not tokenizer's).
+std::optional<std::string> same_leaf_key(const std::string& path) {
+  std::optional<std::string> best;
+  std::size_t best_distance = 0;
+  for (const Field& f : fields()) {
+    if (leaf_of(f.key) != leaf_of(path)) continue;
+    const std::size_t distance = utils::edit_distance(path, f.key);
+    if (!best || distance < best_distance) {
+      best = f.key;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
 std::string unknown_key_message(const std::string& written) {
   // Megatron-Bridge's section names suggest bridge's keys: "logger.tensorbord_dir" -> "logging.tensorboard_dir".
   const std::string path = to_bridge_section(written);
-  std::vector<std::string_view> keys;
-  for (const Field& f : fields()) keys.push_back(f.key);
-  std::optional<std::string> suggestion = utils::closest_match(path, keys);
+  // A key's exact name under the wrong section is a likelier slip than a near spelling in this one:
+  // train.log_interval is logging.log_interval, not train.eval_interval.
+  std::optional<std::string> suggestion = same_leaf_key(path);
   if (!suggestion) {
-    // Right name, wrong or missing section: "global_batch_size", "model.train_iters".
-    for (const Field& f : fields()) {
-      if (leaf_of(f.key) == leaf_of(path)) {
-        suggestion = f.key;
-        break;
-      }
-    }
+    std::vector<std::string_view> keys;
+    for (const Field& f : fields()) keys.push_back(f.key);
+    suggestion = utils::closest_match(path, keys);
   }
   if (!suggestion) {
     std::vector<std::string_view> leaves;
