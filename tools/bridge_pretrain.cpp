@@ -11,20 +11,20 @@
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "bridge/bridge.h"
-#include "bridge/hf/auto_bridge.h"
 #include "parallel/launch_env.h"
 #include "parallel/parallel_state.h"
 #include "tools/tiny_corpus.h"
 #include "tools/tiny_recipe.h"
 #include "training/config/config_yaml.h"
+#include "training/config/hf_start.h"
 #include "training/preflight.h"
 #include "training/tokenizer_setup.h"
 #include "training/utils/theoretical_memory.h"
-#include "utils/durable_file.h"
 #include "utils/exception_message.h"
 #include "utils/strings.h"
 
@@ -76,57 +76,24 @@ Config keys (type, default when a recipe leaves the key out):
   return text + config_help();
 }
 
-// The overrides (KEY=VALUE, Hydra's ~KEY) applied to `config` in order.
-void apply_overrides(ConfigContainer& config, const cxxopts::ParseResult& args) {
+// The overrides (KEY=VALUE, Hydra's ~KEY) applied to `config` in order; returns the keys the user set with them.
+std::set<std::string> apply_user_overrides(ConfigContainer& config, const cxxopts::ParseResult& args) {
   for (const std::string& argument : args.unmatched()) {
     if (argument.find('=') == std::string::npos && argument.rfind('~', 0) != 0) {
       throw ConfigError("unexpected argument '" + argument +
                         "': overrides are KEY=VALUE (e.g. train.train_iters=100) or ~KEY; see --help");
     }
-    apply_override(config, argument);
   }
-}
-
-// What the user wrote, applied to `config`: the --config recipe (not the embedded one), then the overrides.
-void apply_user_config(ConfigContainer& config, const cxxopts::ParseResult& args) {
-  if (args.count("config")) {
-    const std::string path = args["config"].as<std::string>();
-    merge_config_yaml(config, bridge::utils::read_file(path), path);
-  }
-  apply_overrides(config, args);
-}
-
-// An hf:<dir> start takes the model's architecture from <dir>/config.json (Megatron-Bridge's AutoBridge), so no
-// model.* size is needed; one that the user wrote and that disagrees is an error naming both values.
-void adopt_hf_architecture(ConfigContainer& config, const cxxopts::ParseResult& args) {
-  const std::string& source = config.checkpoint.pretrained_checkpoint;
-  if (source.rfind("hf:", 0) != 0) return;
-  models::GPTConfig theirs;
-  try {
-    theirs = hf::hf_model_config(source.substr(3));
-  } catch (const std::exception& error) {
-    throw ConfigError("checkpoint.pretrained_checkpoint=" + source + ": " + bridge::utils::describe(error));
-  }
-  ConfigContainer adopted = config;
-  adopted.model = hf::with_hf_architecture(config.model, theirs);
-  ConfigContainer written = adopted;
-  apply_user_config(written, args);
-  const std::vector<std::string> differences = hf::architecture_differences(written.model, adopted.model);
-  if (!differences.empty()) {
-    throw ConfigError("checkpoint.pretrained_checkpoint=" + source + " takes the model from its config.json, but " +
-                      bridge::utils::join(differences, ", ") +
-                      " disagree; remove those model.* keys (the directory sets them) or make them match");
-  }
-  config = adopted;
+  return apply_overrides(config, args.unmatched());
 }
 
 // The config the command line describes: the recipe (or the embedded one), then the overrides in order; with an
-// hf:<dir> start, the directory's model; then what the tokenizer decides (model.vocab_size, dataset.eod_token_id).
+// hf:<dir> start, the directory's model over the recipe's (only an override may disagree with it, and then it is an
+// error); then what the tokenizer decides (model.vocab_size, dataset.eod_token_id).
 ConfigContainer resolve_config(const cxxopts::ParseResult& args) {
   ConfigContainer config = args.count("config") ? load_config_yaml(args["config"].as<std::string>())
                                                 : load_config_yaml_string(tools::kTinyRecipeYaml, "<tiny recipe>");
-  apply_overrides(config, args);
-  adopt_hf_architecture(config, args);
+  adopt_hf_architecture(config, apply_user_overrides(config, args));
   try {
     setup_tokenizer(config);
   } catch (const std::exception& error) {
@@ -159,6 +126,7 @@ struct RunSummary {
   // also holds for an exit (train.exit_*), where on_train_end does not fire.
   std::chrono::steady_clock::time_point train_start, train_end;
   int64_t samples_at_start = 0;
+  int64_t train_iters = 0;                                          // the run's, after train.train_samples
   std::optional<std::pair<int64_t, double>> first_loss, last_loss;  // (step, lm loss)
   std::optional<double> valid_loss, test_loss;
 };
@@ -169,11 +137,13 @@ std::optional<double> lm_loss(const LossDict& losses) {
   return it->second.item<double>();
 }
 
-std::shared_ptr<CallbackManager> make_callbacks(const ConfigContainer& config, RunSummary& summary) {
+std::shared_ptr<CallbackManager> make_callbacks(RunSummary& summary) {
   auto callbacks = std::make_shared<CallbackManager>();
   callbacks->register_callback(
       Event::kTrainStart,
-      [&config](CallbackContext&) {
+      [](CallbackContext& ctx) {
+        // The run's config: pretrain() has finalized it (train.train_samples gives the steps).
+        const ConfigContainer& config = *ctx.state.cfg;
         const std::string data = config.dataset.data_path.empty() ? std::string("mock data (random tokens)")
                                                                   : bridge::utils::join(config.dataset.data_path, ", ");
         const tokenizers::TokenizerConfig& tokenizer = config.tokenizer;
@@ -227,7 +197,7 @@ void print_summary(const ConfigContainer& config, const RunSummary& summary, con
   const double tokens = static_cast<double>(state.consumed_train_samples - summary.samples_at_start) *
                         static_cast<double>(config.model.seq_length);
   std::string text = "bridge-pretrain: done\n";
-  text += "  steps:           " + std::to_string(state.step) + " of " + std::to_string(config.train.train_iters) + "\n";
+  text += "  steps:           " + std::to_string(state.step) + " of " + std::to_string(summary.train_iters) + "\n";
   char line[256];
   if (summary.last_loss) {
     std::snprintf(line, sizeof(line), "  train lm loss:   %.4f (step %lld; %.4f at step %lld)\n",
@@ -284,7 +254,10 @@ int main(int argc, char** argv) {
   try {
     prepare_builtin_data(config);
     RunSummary summary;
-    const TrainState state = pretrain(config, gpt_forward_step, make_callbacks(config, summary));
+    ConfigContainer finalized = config;  // as pretrain() will run it
+    finalized.finalize();
+    summary.train_iters = finalized.train.train_iters;
+    const TrainState state = pretrain(config, gpt_forward_step, make_callbacks(summary));
     if (env.rank == env.world_size - 1) {
       print_summary(config, summary, state,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

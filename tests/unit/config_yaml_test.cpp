@@ -1,10 +1,12 @@
 // YAML configs and overrides: parsing over the defaults, every value type, the errors users meet (unknown keys with a
-// suggestion, wrong types, bad YAML with its line), the round trip through to_yaml, the key reference, the shipped
-// recipes, and a check that the key table covers every field the config headers declare.
+// suggestion, wrong types, bad YAML with its line), the keys a command line sets (~key unsets), an hf:<dir> start's
+// model over a recipe's, the round trip through to_yaml, the key reference, the shipped recipes, and a check that the
+// key table covers every field the config headers declare.
 #include "training/config/config_yaml.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 
 #include "tests/unit/config_test_support.h"
 #include "training/callbacks/registry.h"
+#include "training/config/hf_start.h"
 
 namespace bridge::training {
 namespace {
@@ -145,6 +148,69 @@ TEST(ConfigYaml, UnknownKeysNameTheKeyAndSuggestTheClosest) {
       config_error([] { load_config_yaml_string("model:\n  num_layers: 2\n  hiden_size: 64\n", "recipe.yaml"); });
   EXPECT_THAT(yaml_error, AllOf(HasSubstr("recipe.yaml:3:3"), HasSubstr("'model.hiden_size'"),
                                 HasSubstr("did you mean 'model.hidden_size'?")));
+}
+
+// ~key unsets: the default, and no longer among the keys the user set; so does key=null on a key that takes no null.
+TEST(ConfigYaml, OverridesReportTheKeysTheUserSetAndTildeUnsets) {
+  ConfigContainer config = load_config_yaml_string("model: {num_layers: 4, ffn_hidden_size: 512}\n", "recipe.yaml");
+  const std::set<std::string> keys =
+      apply_overrides(config, {"model.num_layers=6", "model.tensor_model_parallel_size=2",
+                               "model={hidden_size: 96, kv_channels: 24}", "~model.ffn_hidden_size",
+                               "train.train_iters=5", "train.train_iters=null", "mixed_precision=bf16_mixed"});
+  EXPECT_EQ(config.model.num_layers, 6);
+  EXPECT_EQ(config.model.ffn_hidden_size, 0);  // not given: 4 x hidden_size
+  EXPECT_EQ(config.train.train_iters, 0);
+  EXPECT_TRUE(keys.count("model.num_layers"));
+  EXPECT_TRUE(keys.count("parallelism.tensor_model_parallel_size"));  // Megatron-Bridge's name, bridge's key
+  EXPECT_TRUE(keys.count("model.hidden_size") && keys.count("model.kv_channels"));  // a section set whole
+  EXPECT_TRUE(keys.count("mixed_precision.bf16") && keys.count("mixed_precision.grad_reduce_in_fp32"));
+  EXPECT_FALSE(keys.count("model.ffn_hidden_size"));  // the recipe's and then unset
+  EXPECT_FALSE(keys.count("train.train_iters"));      // set, then null
+  EXPECT_FALSE(keys.count("model.seq_length"));       // never written
+
+  const std::set<std::string> unset = apply_overrides(config, {"model.num_layers=6", "~model.num_layers"});
+  EXPECT_TRUE(unset.empty());
+  EXPECT_EQ(config.model.num_layers, ConfigContainer().model.num_layers);
+  const OverriddenKeys one = apply_override(config, "~logger.log_interval");
+  EXPECT_EQ(one.unset, (std::vector<std::string>{"logging.log_interval"}));
+}
+
+// An hf:<dir> start: the directory's config.json decides the architecture over a recipe's model.* (the embedded
+// tiny recipe or the same file by --config), an override that agrees is fine, one that disagrees names both values,
+// and ~key hands a key back to the directory.
+TEST(ConfigYaml, AnHfStartsConfigJsonWinsOverTheRecipeButNotOverTheUser) {
+  const fs::path hf = fs::temp_directory_path() / ("bridge_hf_start_" + std::to_string(::getpid()));
+  fs::create_directories(hf);
+  std::ofstream(hf / "config.json") << R"({"model_type": "gpt2", "n_layer": 3, "n_embd": 48, "n_head": 4,
+                                         "vocab_size": 301, "n_positions": 128})";
+  const std::string start = "checkpoint.pretrained_checkpoint=hf:" + hf.string();
+  const auto resolve = [&](std::vector<std::string> overrides) {
+    ConfigContainer config = load_config_yaml(kSourceDir / "examples/recipes/tiny.yaml");  // 4 layers, 128 wide
+    overrides.insert(overrides.begin(), start);
+    adopt_hf_architecture(config, apply_overrides(config, overrides));
+    return config;
+  };
+  const ConfigContainer adopted = resolve({});
+  EXPECT_EQ(adopted.model.num_layers, 3);
+  EXPECT_EQ(adopted.model.hidden_size, 48);
+  EXPECT_EQ(adopted.model.vocab_size, 301);
+  EXPECT_EQ(adopted.model.seq_length, 64);  // the recipe's: not an architecture field
+  EXPECT_EQ(adopted.train.train_iters, 500);
+  EXPECT_EQ(to_yaml(resolve({"model.num_layers=3", "model.seq_length=32"})), to_yaml(resolve({"model.seq_length=32"})));
+  // ~key puts the default (2 layers, not the directory's 3) and hands the key back: the directory decides again.
+  EXPECT_EQ(to_yaml(resolve({"model.num_layers=4", "~model.num_layers"})), to_yaml(adopted));
+  EXPECT_EQ(to_yaml(resolve({"model.ffn_hidden_size=null"})), to_yaml(adopted));
+  EXPECT_THAT(config_error([&] {
+                resolve({"model.num_layers=4", "model.num_attention_heads=4"});
+              }),
+              AllOf(HasSubstr("takes the model from its config.json, but model.num_layers (4, config.json: 3) "
+                              "disagrees, as set on the command line"),
+                    ::testing::Not(HasSubstr("num_attention_heads"))));
+  EXPECT_THAT(config_error([&] { resolve({"model={hidden_size: 32}"}); }),
+              HasSubstr("model.hidden_size (32, config.json: 48)"));
+  EXPECT_THAT(config_error([&] { resolve({start + "/absent"}); }),
+              AllOf(HasSubstr("checkpoint.pretrained_checkpoint=hf:"), HasSubstr("config.json")));
+  fs::remove_all(hf);
 }
 
 TEST(ConfigYaml, WrongTypesNameTheKeyTheTypeAndTheValue) {

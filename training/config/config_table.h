@@ -25,6 +25,8 @@ struct Field {
   std::function<bool(ConfigContainer&, const YAML::Node&)> parse;
   /// Sets the field back to its default.
   std::function<void(ConfigContainer&)> reset;
+  /// Sets the field of the first config to its value in the second.
+  std::function<void(ConfigContainer&, const ConfigContainer&)> copy;
   /// Whether a YAML null is one of its values (optionals, strings, lists); elsewhere null means the default.
   bool takes_null = false;
 };
@@ -46,6 +48,9 @@ Field field(std::string key, Section ConfigContainer::*section, T Section::*memb
                [section, member](ConfigContainer& config) {
                  static const ConfigContainer defaults;
                  (config.*section).*member = (defaults.*section).*member;
+               },
+               [section, member](ConfigContainer& to, const ConfigContainer& from) {
+                 (to.*section).*member = (from.*section).*member;
                },
                Codec<T>::parse(YAML::Node(YAML::NodeType::Null)).has_value()};
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <system_error>
@@ -166,6 +167,7 @@ struct Written {
   std::string as;     // the key as written: "dataset.seq_length"
   std::string value;  // the value it left, as to_yaml writes it
   bool overrides = false;
+  bool reset = false;  // a null put it back to its default ("not given"); another spelling may still set it
 };
 using WrittenKeys = std::map<std::string, Written>;  // by bridge's key
 
@@ -176,18 +178,22 @@ using WrittenKeys = std::map<std::string, Written>;  // by bridge's key
 void set_written(const Field& f, ConfigContainer& config, const YAML::Node& value, const Source& source,
                  const YAML::Node& key, const std::string& as, bool overrides, WrittenKeys& written) {
   const auto previous = written.find(f.key);
-  if (previous != written.end()) {
+  const bool set_before = previous != written.end() && !previous->second.reset;
+  if (set_before) {
     if (previous->second.as == as) throw ConfigError(source.at(key) + ": " + as + " is set twice; keep one");
     if (previous->second.overrides && !overrides) return;
   }
   if (is_null(value) && !f.takes_null) {
-    if (previous == written.end()) f.reset(config);
+    if (previous == written.end()) {
+      f.reset(config);
+      written.emplace(f.key, Written{as, std::string(), false, /*reset=*/true});
+    }
     return;
   }
   set_field(f, config, value, source);
   Written now{as, emit_value(f, config), overrides};
-  if (previous == written.end()) {
-    written.emplace(f.key, std::move(now));
+  if (!set_before) {
+    written[f.key] = std::move(now);
   } else if (overrides && !previous->second.overrides) {
     previous->second = std::move(now);
   } else if (now.value != previous->second.value) {
@@ -382,7 +388,7 @@ ConfigContainer load_config_yaml(const std::filesystem::path& path) {
   return load_config_yaml_string(text.str(), path.string());
 }
 
-void apply_override(ConfigContainer& config, std::string_view assignment) {
+OverriddenKeys apply_override(ConfigContainer& config, std::string_view assignment) {
   const Source origin{"override '" + std::string(assignment) + "'", /*has_lines=*/false};
   // Hydra's forms, as Megatron-Bridge's scripts take them: +key=value and ++key=value set the key (bridge's keys all
   // exist already); ~key puts it back to its default.
@@ -401,12 +407,12 @@ void apply_override(ConfigContainer& config, std::string_view assignment) {
       const std::optional<KeyTranslation> translation =
           translate_megatron_bridge_key(key, KeyValue{KeyValue::Kind::kNull, std::string()});
       if (!translation) throw ConfigError(origin.name + ": " + unknown_key_message(key));
-      if (translation->key.empty()) return;  // nothing in bridge to put back
+      if (translation->key.empty()) return {};  // nothing in bridge to put back
       f = find_field(translation->key);
       if (f == nullptr) throw ConfigError(origin.name + ": " + unknown_key_message(key));
     }
     f->reset(config);
-    return;
+    return OverriddenKeys{{}, {f->key}};
   }
   if (equals == std::string_view::npos || key.empty()) {
     throw ConfigError(origin.name + ": an override is key=value, e.g. train.train_iters=100 (keys: --help)");
@@ -415,6 +421,27 @@ void apply_override(ConfigContainer& config, std::string_view assignment) {
   map[key] = parse_yaml(text.substr(equals + 1), origin.name);
   WrittenKeys written;
   apply_map(config, map, "", origin, written);
+  OverriddenKeys keys;
+  for (const auto& [name, how] : written) {
+    if (find_field(name) != nullptr) {
+      (how.reset ? keys.unset : keys.set).push_back(name);
+    } else if (is_section(name)) {  // a section set whole by name (mixed_precision=bf16_mixed): all its keys
+      for (const Field& f : fields()) {
+        if (section_of(f.key) == name) keys.set.push_back(f.key);
+      }
+    }
+  }
+  return keys;
+}
+
+std::set<std::string> apply_overrides(ConfigContainer& config, const std::vector<std::string>& assignments) {
+  std::set<std::string> user_keys;
+  for (const std::string& assignment : assignments) {
+    const OverriddenKeys keys = apply_override(config, assignment);
+    for (const std::string& key : keys.unset) user_keys.erase(key);
+    user_keys.insert(keys.set.begin(), keys.set.end());
+  }
+  return user_keys;
 }
 
 std::string to_yaml(const ConfigContainer& config) {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -57,11 +58,23 @@ ConfigContainer load_config_yaml_string(std::string_view text, std::string_view 
 /// (`train: {train_iters: 5}`) or keys may be dotted (`train.train_iters: 5`); a key set twice is an error.
 void merge_config_yaml(ConfigContainer& config, std::string_view text, std::string_view source = "<yaml>");
 
+/// The keys an override changed, under bridge's names: those it set, and those it put back to "not given".
+struct OverriddenKeys {
+  std::vector<std::string> set;
+  std::vector<std::string> unset;
+};
+
 /// Applies one override "a.b.c=value"; the value is read as YAML: `5`, `3e-4`, `true`, `[a, b]`, `null` (optional
 /// fields; elsewhere the default), `10min` (durations), or a string. A section may be set as a whole:
-/// `model={num_layers: 2}`. Hydra's `+a.b=value` and `++a.b=value` set the key too, `~a.b` resets it to its default.
-/// Keys may be Megatron-Bridge's names (training/config/megatron_bridge_keys.h): `model.tensor_model_parallel_size=2`.
-void apply_override(ConfigContainer& config, std::string_view assignment);
+/// `model={num_layers: 2}`. Hydra's `+a.b=value` and `++a.b=value` set the key too; `~a.b` unsets it: back to its
+/// default, and no longer the user's choice (as `a.b=null` on a key that takes no null). Keys may be Megatron-Bridge's
+/// names (training/config/megatron_bridge_keys.h): `model.tensor_model_parallel_size=2`.
+OverriddenKeys apply_override(ConfigContainer& config, std::string_view assignment);
+
+/// Applies `assignments` in order and returns the keys the user set with them and left set (a later `~key` takes one
+/// out). What gives way to a recipe but not to the user asks it: an hf:<dir> start's config.json
+/// (adopt_hf_architecture in training/config/hf_start.h).
+std::set<std::string> apply_overrides(ConfigContainer& config, const std::vector<std::string>& assignments);
 
 /// A value written in YAML (`3`, `0.5`, `true`, `10min`, `[a, b]`, `null`) read as T the way config keys are read;
 /// throws ConfigError "<where> must be <a type>, got <the value>". T is int, int64_t, double, bool, std::string,
