@@ -7,9 +7,14 @@
 //   bridge-pretrain --config recipe.yaml --print-config        # the resolved config, as YAML
 //
 // Exit status: 0 done, 1 training failed, 2 bad command line or config (printed once, by rank 0).
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cxxopts.hpp>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -49,14 +54,48 @@ cxxopts::Options make_options() {
   return options;
 }
 
-std::string help_text(cxxopts::Options& options) {
+// `word` as the shell reads it back: as is when it holds only safe characters, else in single quotes.
+std::string shell_word(const std::string& word) {
+  const bool safe = !word.empty() && word.find_first_not_of(
+                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                         "0123456789_./=:,+-@%") == std::string::npos;
+  if (safe) return word;
+  std::string quoted = "'";
+  for (const char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The torchrun of the PyTorch whose LibTorch this process runs on: a wheel's libtorch is
+// <env>/lib/pythonX.Y/site-packages/torch/lib/libtorch_cpu.so, its torchrun <env>/bin/torchrun. Another version's
+// torchrun (Debian's is 1.13) hosts a store that LibTorch 2.x's ranks cannot use. Else the one on PATH.
+std::string torchrun_command() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code error;
+    const std::filesystem::path library = std::filesystem::canonical(info.dli_fname, error);
+    std::vector<std::filesystem::path> above = {library.parent_path()};  // torch/lib, torch, site-packages, ...
+    while (above.size() < 6) above.push_back(above.back().parent_path());
+    const std::filesystem::path& env = above[5];
+    if (!error && above[2].filename() == "site-packages" && std::filesystem::exists(env / "bin" / "torchrun", error)) {
+      return (env / "bin" / "torchrun").string();
+    }
+  }
+  return "torchrun";
+}
+
+// --help, whose launch lines run as printed: this program as it was invoked, the matching torchrun with --no_python
+// (without it torchrun runs python3 on the program), mpirun's flag for root.
+std::string help_text(cxxopts::Options& options, const std::string& program) {
+  const std::string self = shell_word(program);
   std::string text = options.help();
   text += R"(
 Overrides:
   KEY=VALUE sets one config key after the recipe, left to right, in the style of Megatron-Bridge recipes:
-    bridge-pretrain train.train_iters=500 optimizer.lr=3e-4 'model={num_layers: 6, hidden_size: 256}'
-  Values are YAML: 5, 3e-4, true, [a, b] (lists), null (unset an optional key), 10min (durations), text;
-  quote what the shell would split or expand.
+)";
+  text += "    " + self + " train.train_iters=500 optimizer.lr=3e-4 'model={num_layers: 6, hidden_size: 256}'\n";
+  text += R"(  Values are YAML: 5, 3e-4, true, [a, b] (lists), null (unset an optional key), 10min (durations), text;
+  quote what the shell would split or expand. ~KEY unsets a key: its default, and no longer your choice (an
+  hf:<dir> start's config.json then decides the model's).
 
 Data:
   dataset.data_path lists Megatron .bin/.idx path prefixes (bridge-preprocess-data writes them from text or JSON
@@ -64,10 +103,16 @@ Data:
   generated fables, written once to $XDG_CACHE_HOME/bridge (else ~/.cache/bridge). An empty list trains on random
   tokens.
 
-Launching (no change to the command):
-  torchrun --nproc_per_node=4 bridge-pretrain --config examples/recipes/tp2_pp2.yaml
-  mpirun -np 4 bridge-pretrain --config examples/recipes/tp2_pp2.yaml
-  The world size must be a multiple of tp x pp; the rest is data parallel.
+Launching (the same command under each launcher; the world size must be a multiple of tp x pp, the rest is data
+parallel):
+)";
+  text += "  " + shell_word(torchrun_command()) + " --nproc_per_node=2 --no_python " + self +
+          " parallelism.pipeline_model_parallel_size=2\n";
+  text += std::string("  mpirun ") + (::geteuid() == 0 ? "--allow-run-as-root " : "") + "-np 2 " + self +
+          " parallelism.tensor_model_parallel_size=2\n";
+  text += R"(  (--no_python: torchrun runs the program itself, not python3 on it. Use the torchrun shown, of the PyTorch
+  bridge runs on: another version's rendezvous store refuses these ranks. mpirun also needs --oversubscribe for more
+  ranks than cores.)
 
 Exit status: 0 done, 1 training failed, 2 bad command line or config.
 
@@ -232,7 +277,7 @@ int main(int argc, char** argv) {
     cxxopts::Options options = make_options();
     const cxxopts::ParseResult args = options.parse(argc, argv);
     if (args.count("help")) {
-      if (env.rank == 0) std::fputs(help_text(options).c_str(), stdout);
+      if (env.rank == 0) std::fputs(help_text(options, argc > 0 ? argv[0] : "bridge-pretrain").c_str(), stdout);
       return 0;
     }
     if (args.count("help-markdown")) {

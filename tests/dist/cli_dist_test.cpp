@@ -1,7 +1,8 @@
 // bridge-pretrain end to end, as users run it: a few steps alone (the log lines and a summary whose numbers match
 // them), four ranks under mpirun with tp=2 pp=2 (sequence parallel, full recomputation) from overrides, two ranks
 // under torchrun, config errors (exit 2, printed once, naming the key or file:line), a runtime failure (exit 1),
-// --print-config output that loads back, and --help listing every key. Each run uses a tiny model and a private cache
+// --print-config output that loads back (an hf:<dir> start's model over the recipe's), and --help listing every key
+// and launch lines that run as printed. Each run uses a tiny model and a private cache
 // folder for the embedded corpus.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <iterator>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -346,6 +348,57 @@ TEST_F(Cli, HelpListsEveryConfigKey) {
   for (const training::ConfigKeyInfo& key : training::config_keys()) {
     EXPECT_THAT(help.output, HasSubstr("  " + key.key + " (" + key.type)) << key.key;
   }
+}
+
+// The launch lines --help prints run as copied: the program as invoked, torchrun with --no_python (else it runs
+// python3 on the program) and the torchrun of bridge's PyTorch, mpirun with its flag for root.
+TEST_F(Cli, HelpsLaunchLinesRunAsCopied) {
+  const RankResult help = run({"--help"});
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  std::istringstream lines(help.output);
+  int launch_lines = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(std::string(" ") + kPretrain + " ") == std::string::npos) continue;
+    if (line.find("torchrun") != std::string::npos) {
+      ++launch_lines;
+      EXPECT_THAT(line, HasSubstr(" --no_python " + std::string(kPretrain) + " ")) << line;
+      // The build's torchrun (BRIDGE_TORCHRUN: the wheel's, beside its LibTorch), not whichever is on PATH.
+      EXPECT_EQ(line.substr(2, line.find(' ', 2) - 2), fs::canonical(BRIDGE_TORCHRUN).string()) << line;
+    } else if (line.find("mpirun") != std::string::npos) {
+      ++launch_lines;
+      if (::geteuid() == 0) {
+        EXPECT_THAT(line, HasSubstr("mpirun --allow-run-as-root ")) << line;
+      }
+    }
+  }
+  EXPECT_EQ(launch_lines, 2) << help.output;
+}
+
+// checkpoint.pretrained_checkpoint=hf:<dir> takes the model from <dir>/config.json over any recipe's model.* (the
+// embedded one and the same file by --config give the same run); a disagreeing override exits 2 naming both values;
+// ~key hands the key back to the directory. Only config.json is read before the ranks start.
+TEST_F(Cli, AnHfStartTakesTheModelOverTheRecipe) {
+  const fs::path hf = cache_ / "hf";
+  fs::create_directories(hf);
+  std::ofstream(hf / "config.json") << R"({"model_type": "gpt2", "n_layer": 3, "n_embd": 48, "n_head": 4,
+                                         "vocab_size": 301, "n_positions": 128})";
+  const std::string start = "checkpoint.pretrained_checkpoint=hf:" + hf.string();
+  const std::string tiny = (kSourceDir / "examples/recipes/tiny.yaml").string();
+  const RankResult embedded = run({start, "--print-config"});
+  const RankResult from_file = run({"--config", tiny, start, "--print-config"});
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.output;
+  EXPECT_EQ(from_file.output, embedded.output);
+  const training::ConfigContainer config = training::load_config_yaml_string(from_file.output, "--print-config");
+  EXPECT_EQ(config.model.num_layers, 3);
+  EXPECT_EQ(config.model.hidden_size, 48);
+  EXPECT_EQ(config.model.vocab_size, 301);
+  EXPECT_EQ(config.model.seq_length, 64);  // the recipe's
+  const RankResult handed_back =
+      run({"--config", tiny, start, "model.num_layers=4", "~model.num_layers", "--print-config"});
+  EXPECT_EQ(handed_back.output, from_file.output);
+  const RankResult disagreeing = run({"--config", tiny, start, "model.num_layers=4", "--print-config"});
+  EXPECT_EQ(disagreeing.exit_code, 2) << disagreeing.output;
+  EXPECT_THAT(disagreeing.output, HasSubstr("but model.num_layers (4, config.json: 3) disagrees"));
 }
 
 }  // namespace
