@@ -2,8 +2,7 @@
 // them), four ranks under mpirun with tp=2 pp=2 (sequence parallel, full recomputation) from overrides, two ranks
 // under torchrun, config errors (exit 2, printed once, naming the key or file:line), a runtime failure (exit 1),
 // --print-config output that loads back (an hf:<dir> start's model over the recipe's), and --help listing every key
-// and launch lines that run as printed. Each run uses a tiny model and a private cache
-// folder for the embedded corpus.
+// and launch lines that run as printed. Each run uses a tiny model and a private cache folder for the embedded corpus.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
