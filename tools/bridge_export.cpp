@@ -229,7 +229,8 @@ bridge::hf::HfArtifacts artifacts_for(const bridge::training::ConfigContainer& r
 int main(int argc, char** argv) {
   cxxopts::Options options("bridge-export",
                            "Writes a Hugging Face directory (config.json + model.safetensors: GPT-2, Llama, Mistral, "
-                           "Qwen2 or Qwen3) from a bridge checkpoint saved in any tensor/pipeline-parallel layout.");
+                           "Qwen2 or Qwen3, with generation_config.json and the run's tokenizer files) from a bridge "
+                           "checkpoint saved in any tensor/pipeline-parallel layout.");
   options.custom_help(
       "--checkpoint DIR --hf-dir DIR [--iteration N] [--model-type TYPE] [--max-shard-size SIZE] "
       "[--tokenizer DIR-or-FILE] [--hf-source DIR]");
@@ -238,7 +239,7 @@ int main(int argc, char** argv) {
       ("checkpoint", "a checkpoint directory (what checkpoint.save names)", cxxopts::value<std::string>(), "DIR")
       ("iteration", "the iteration to export; default: the tracker's (latest_checkpointed_iteration.txt)",
        cxxopts::value<int64_t>(), "N")
-      ("hf-dir", "the Hugging Face directory to write (created; config.json and model.safetensors are replaced)",
+      ("hf-dir", "the Hugging Face directory to write (created; the files written are replaced, other files kept)",
        cxxopts::value<std::string>(), "DIR")
       ("model-type", "the config.json model_type to write: gpt2, llama, mistral, qwen2 or qwen3; default: what the "
        "model's shape is (learned positions: gpt2; q/k norms: qwen3; QKV biases alone: qwen2; else llama)",
