@@ -391,7 +391,7 @@ ConfigContainer load_config_yaml(const std::filesystem::path& path) {
 OverriddenKeys apply_override(ConfigContainer& config, std::string_view assignment) {
   const Source origin{"override '" + std::string(assignment) + "'", /*has_lines=*/false};
   // Hydra's forms, as Megatron-Bridge's scripts take them: +key=value and ++key=value set the key (bridge's keys all
-  // exist already); ~key puts it back to its default.
+  // exist already); ~key unsets it: back to its default, and out of the keys the user set.
   std::string_view text = trim(assignment);
   const bool reset = !text.empty() && text.front() == '~';
   if (reset) {
