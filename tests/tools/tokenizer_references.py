@@ -14,6 +14,9 @@ those libraries do, each in DIR/<name>/, shaped like the files of the models peo
               rstrip, single_word and normalized
   roberta     byte-level BPE with add_prefix_space and GPT-2's own split, RobertaProcessing, an lstrip <mask>, an
               rstrip <m> beside a " \n" token
+  quicktour   the tokenizers quicktour's: a BPE with [UNK] and BERT's specials, the Whitespace pre-tokenizer,
+              trained from a file and saved with tokenizer.save (no tokenizer_config.json: it names no EOS)
+  words       Split patterns with \\w and \\W in and out of classes (Oniguruma's word characters, not PCRE2's)
   sp_unigram  a SentencePiece unigram model (tokenizer.model)
   sp_bpe      a SentencePiece BPE model with byte fallback
 Then DIR/hard_text.json: a few thousand lines of hard text (mixed scripts, emoji, digit and whitespace runs,
@@ -207,6 +210,37 @@ def roberta():
     return tokenizer
 
 
+def quicktour(directory):
+    """The tokenizers library's quicktour, step by step: trained from files and saved as tokenizer.json alone."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.trainers import BpeTrainer
+    os.makedirs(directory)
+    text = os.path.join(directory, "corpus.txt")
+    with open(text, "w", encoding="utf-8") as f:
+        f.write("\n".join(corpus()))
+    tokenizer = Tokenizer(BPE(unk_token="[UNK]"))
+    trainer = BpeTrainer(special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"], show_progress=False)
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.train([text], trainer)
+    os.remove(text)
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    return tokenizer
+
+
+def words():
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\W"), behavior="merged_with_next")])
+    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=["<unk>", "</s>"], show_progress=False,
+                                  limit_alphabet=400)
+    tokenizer.train_from_iterator(corpus(), trainer)
+    return tokenizer
+
+
 def save_hf(tokenizer, directory, bos, eos):
     os.makedirs(directory)
     tokenizer.save(os.path.join(directory, "tokenizer.json"))
@@ -248,10 +282,13 @@ def make(out):
         "mistral": (byte_fallback_bpe(metaspace=True), "<s>", "</s>"),
         "exotic": (exotic(), None, "<unk>"),
         "roberta": (roberta(), "<s>", "</s>"),
+        "words": (words(), None, "</s>"),
     }
+    hf["quicktour"] = (quicktour(os.path.join(staging, "quicktour")), None, None)
     for name, (tokenizer, bos, eos) in hf.items():
         directory = os.path.join(staging, name)
-        save_hf(tokenizer, directory, bos, eos)
+        if name != "quicktour":  # saved as the quicktour saves it
+            save_hf(tokenizer, directory, bos, eos)
         plain = [tokenizer.encode(line, add_special_tokens=False).ids for line in lines]
         special = [tokenizer.encode(line, add_special_tokens=True).ids for line in lines]
         decoded = [tokenizer.decode(ids, skip_special_tokens=False) for ids in plain]

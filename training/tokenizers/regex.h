@@ -20,7 +20,8 @@ class Regex {
   };
 
   /// Compiles `pattern` (Oniguruma syntax, translated by oniguruma_to_pcre2) in UTF mode with Unicode properties
-  /// (\w, \d and case-folding follow Unicode, as in the Oniguruma engine that Hugging Face tokenizers uses). Throws
+  /// (\d and case-folding follow Unicode, \w is rewritten to Oniguruma's set, as the engine that Hugging Face
+  /// tokenizers uses matches them). Throws
   /// std::invalid_argument naming `where`, the PCRE2 message and the offset in the pattern when it does not compile.
   Regex(std::string pattern, std::string where);
   ~Regex();
@@ -40,8 +41,9 @@ class Regex {
 };
 
 /// `pattern` (Oniguruma's Ruby syntax, as tokenizer.json files are written for) in PCRE2's: \s and \S as Unicode
-/// White_Space, \h as a hex digit, \uHHHH as a code point. Throws std::invalid_argument naming `where` for what PCRE2
-/// would read differently and cannot be rewritten (class intersections, nested classes).
+/// White_Space, \w and \W as Oniguruma's word characters, \h as a hex digit, \uHHHH as a code point. Throws
+/// std::invalid_argument naming `where` for what PCRE2 would read differently and cannot be rewritten (class
+/// intersections, nested classes).
 std::string oniguruma_to_pcre2(const std::string& pattern, const std::string& where);
 
 /// `text` with every regex metacharacter escaped, so that Regex matches it literally.
