@@ -10,7 +10,8 @@
 //   bridge-preprocess-data --input wiki.jsonl --json-keys text title --split-sentences --workers 8 --partitions 2 ...
 //       -> ..._text_sentence.bin/.idx and ..._title_sentence.bin/.idx, on 8 threads
 //
-// Exit status: 0 written, 1 bad input or I/O failure, 2 bad command line.
+// Exit status: 0 written, 1 bad input (the --input file) or an I/O failure, 2 bad command line (also a tokenizer type
+// or tokenizer files that are missing or not what their flag names).
 #include "training/datasets/preprocess_data.h"
 
 #include <cstdio>
@@ -49,7 +50,7 @@ cxxopts::Options make_options() {
        "separated by one or more blank lines) is one document, its lines joined by newlines",
        cxxopts::value<std::string>()->default_value("json"), "json|text")
       ("output-prefix", "path prefix of the output: writes PREFIX_KEY_document.bin and .idx for each JSON key (KEY "
-       "is 'text' for --input-format text); the folder must exist", cxxopts::value<std::string>(), "PREFIX")
+       "is 'text' for --input-format text); its folder is made if missing", cxxopts::value<std::string>(), "PREFIX")
       ("json-keys", "JSON fields to tokenize, one dataset each: space-separated as Megatron's (--json-keys text "
        "title), or comma-separated", cxxopts::value<std::vector<std::string>>()->default_value("text"), "KEY...")
       ("split-sentences", "split each text into sentences, one sequence each (outputs end in _sentence); by a fixed "
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
     }
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "bridge-preprocess-data: error: %s\n", e.what());
-    return kExitBadCommandLine;  // the tokenizer type or its files' flags
+    return kExitBadCommandLine;  // the tokenizer type, its files' flags or the files they name
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bridge-preprocess-data: error: %s\n", e.what());
     return kExitBadInput;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "training/callbacks.h"
+#include "training/datasets/indexed_dataset.h"
 #include "training/datasets/preprocess_data.h"
 #include "training/forward_step.h"
 #include "training/pretrain.h"
@@ -117,7 +118,8 @@ TEST_P(HuggingFaceReference, IdsAndDecodingEqualTheLibrarys) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceReference,
-                         ::testing::Values("llama3", "qwen2", "llama2", "mistral", "exotic", "roberta"));
+                         ::testing::Values("llama3", "qwen2", "llama2", "mistral", "exotic", "roberta", "quicktour",
+                                           "words"));
 
 class SentencePieceReference : public ::testing::TestWithParam<std::string> {};
 
@@ -245,6 +247,99 @@ TEST_F(EditedTokenizer, WhatBridgeDoesNotImplementIsRefusedWithItsJsonPath) {
   EXPECT_THAT(error([](auto& j) { j["decoder"]["frobnicate"] = true; }), HasSubstr("decoder.frobnicate"));
   EXPECT_THAT(error([](auto& j) { j["model"]["merges"][0] = {"e", "not-a-token"}; }), HasSubstr("model.merges[0]"));
   EXPECT_THAT(error([](auto& j) { j["truncation"] = {{"max_length", 8}}; }), HasSubstr("truncation"));
+}
+
+// A model's config.json given for its tokenizer (an easy slip: both sit in the model's directory) is named as what
+// it is, with the fix, not as an option of tokenizer.json that bridge lacks.
+TEST_F(EditedTokenizer, AModelsConfigJsonIsNamedAsSuchWithTheFix) {
+  std::ofstream(dir_ / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})";
+  const auto error_of = [](const fs::path& path) {
+    try {
+      HuggingFaceTokenizer tokenizer(path.string());
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string alone = error_of(dir_ / "config.json");
+  EXPECT_THAT(alone, HasSubstr((dir_ / "config.json").string() + " is not a tokenizer.json"));
+  EXPECT_THAT(alone, HasSubstr("a model's config.json"));
+  EXPECT_THAT(alone, HasSubstr("--tokenizer-model"));
+  EXPECT_THAT(alone, ::testing::Not(HasSubstr("does not implement")));
+  write([](nlohmann::json&) {});  // now with a tokenizer.json beside it: that file is the fix
+  EXPECT_THAT(error_of(dir_ / "config.json"), HasSubstr("or its tokenizer file " + (dir_ / "tokenizer.json").string()));
+}
+
+// The tokenizers quicktour's tokenizer, as a user makes it, all the way to training data: it loads (its Whitespace
+// pre-tokenizer gives the library's ids on the hard text: HuggingFaceReference/quicktour), has no end-of-document
+// token until transformers' files name one (the error says how), and with one, bridge-preprocess-data's code writes
+// into a folder that does not exist yet what Megatron's preprocess_data.py writes through AutoTokenizer.
+TEST_F(EditedTokenizer, OwnTokenizerFromTheQuicktourToTrainingData) {
+  {
+    std::ofstream text(dir_ / "corpus.txt");
+    std::ofstream documents(dir_ / "corpus.jsonl");
+    for (std::size_t i = 0; i < hard_text().size(); ++i) {
+      text << hard_text()[i] << "\n";
+      if (i < 300) documents << nlohmann::json{{"text", hard_text()[i]}}.dump() << "\n";
+    }
+  }
+  const fs::path script = fs::path(BRIDGE_TOKENIZER_REFERENCES_SCRIPT).parent_path() / "own_tokenizer.py";
+  const std::string command = std::string(BRIDGE_TOOLS_PYTHON) + " " + script.string() + " " + dir_.string() + " 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+
+  // As the quicktour saved it: it loads, and --append-eod asks for an eos_token, showing both ways to name one.
+  datasets::PreprocessConfig config;
+  config.input = (dir_ / "corpus.jsonl").string();
+  config.output_prefix = (dir_ / "data" / "mine" / "corpus").string();
+  config.append_eod = true;
+  config.tokenizer.tokenizer_type = "HuggingFaceTokenizer";
+  config.tokenizer.tokenizer_model = (dir_ / "tokenizer.json").string();
+  try {
+    datasets::preprocess_data(config);
+    ADD_FAILURE() << "--append-eod without an eos_token";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--append-eod: "));
+    EXPECT_THAT(e.what(), HasSubstr("{\"eos_token\": \"[SEP]\"}"));
+    EXPECT_THAT(e.what(), HasSubstr("its special tokens: [UNK], [CLS], [SEP], [PAD], [MASK]"));
+    EXPECT_THAT(e.what(), HasSubstr("PreTrainedTokenizerFast(tokenizer_file="));
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "data")) << "a failed start made the output folder";
+
+  // Named by hand, one of its own tokens.
+  fs::create_directories(dir_ / "by_hand");
+  fs::copy_file(dir_ / "tokenizer.json", dir_ / "by_hand" / "tokenizer.json");
+  std::ofstream(dir_ / "by_hand" / "tokenizer_config.json") << R"({"eos_token": "[SEP]"})";
+  const HuggingFaceTokenizer by_hand((dir_ / "by_hand").string());
+  EXPECT_EQ(by_hand.decode({by_hand.eod()}), "[SEP]");
+
+  // Named by transformers, a new token: the whole journey against the library.
+  const nlohmann::json expected = read_json(dir_ / "expected.json");
+  config.tokenizer.tokenizer_model = (dir_ / "mine").string();
+  const HuggingFaceTokenizer mine(config.tokenizer.tokenizer_model);
+  EXPECT_EQ(mine.vocab_size(), expected["vocab_size"].get<int64_t>());
+  EXPECT_EQ(mine.eod(), expected["eos"].get<int64_t>());
+  const auto written = datasets::preprocess_data(config);
+  ASSERT_EQ(written.size(), 1u);
+  const auto documents = expected["documents"].get<std::vector<std::vector<int64_t>>>();
+  ASSERT_EQ(documents.size(), 300u);
+  EXPECT_EQ(written[0].documents, 300);
+  // A document of whitespace alone has no ids, and so no sequence (Megatron writes none either).
+  const datasets::IndexedDataset dataset((dir_ / "data" / "mine" / "corpus_text_document").string());
+  int64_t sequence = 0;
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < documents.size(); ++i) {
+    if (documents[i].empty()) continue;
+    ASSERT_LT(sequence, dataset.size());
+    const std::vector<int64_t> got = dataset.get(sequence++);
+    if (got == documents[i]) continue;
+    if (differing++ < 3) {
+      ADD_FAILURE() << "document " << i << " " << quoted(hard_text()[i])
+                    << "\n  library: " << nlohmann::json(documents[i]).dump()
+                    << "\n  bridge:  " << nlohmann::json(got).dump();
+    }
+  }
+  EXPECT_EQ(sequence, dataset.size());
+  EXPECT_EQ(differing, 0u);
 }
 
 TEST_F(EditedTokenizer, MergesWrittenAsStringsReadAsPairs) {

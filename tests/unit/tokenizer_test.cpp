@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/unit/datasets_test_support.h"
 #include "training/tokenizers/build_tokenizer.h"
@@ -162,12 +164,14 @@ TEST_F(GPT2BPETokenizerTest, InvalidUtf8IsAnError) {
   EXPECT_THROW(tokenizer_->encode(std::string("\xED\xA0\x80")), std::invalid_argument);  // a surrogate
 }
 
+// Bad files are bad input as for every tokenizer (std::invalid_argument: exit 2 in bridge-preprocess-data, as
+// docs/failures.md says), naming the file and line.
 TEST_F(GPT2BPETokenizerTest, BadFilesNameTheFileAndLine) {
   const auto expect_error = [&](const std::string& vocab, const std::string& merges, const std::string& part) {
     try {
       GPT2BPETokenizer tokenizer(vocab, merges);
       ADD_FAILURE() << "accepted " << vocab << " / " << merges;
-    } catch (const std::runtime_error& e) {
+    } catch (const std::invalid_argument& e) {
       EXPECT_THAT(e.what(), HasSubstr(part));
     }
   };
@@ -210,6 +214,22 @@ TEST(BuildTokenizerTest, NamesAndSuggestions) {
     FAIL() << "accepted a misspelt tokenizer type";
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("did you mean ByteLevel?"));
+  }
+  // Names users type for a type suggest it, though spelling distance points elsewhere ("HFTokenizer" is two edits
+  // from NullTokenizer); other cases and separators too.
+  for (const auto& [typed, meant] :
+       std::vector<std::pair<std::string, std::string>>{{"HFTokenizer", "HuggingFaceTokenizer"},
+                                                        {"HuggingFace", "HuggingFaceTokenizer"},
+                                                        {"hf", "HuggingFaceTokenizer"},
+                                                        {"AutoTokenizer", "HuggingFaceTokenizer"},
+                                                        {"huggingface_tokenizer", "HuggingFaceTokenizer"},
+                                                        {"gpt2", "GPT2BPETokenizer"},
+                                                        {"sentencepiece", "SentencePieceTokenizer"},
+                                                        {"LlamaTokenizer", "Llama2Tokenizer"},
+                                                        {"bytes", "ByteLevel"}}) {
+    EXPECT_THAT([&] { build(typed); },
+                ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("did you mean " + meant + "?")))
+        << typed;
   }
   // Each type names what it lacks, spelt as the caller spells fields.
   TokenizerConfig config;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -227,6 +228,11 @@ class Preprocessor {
         batch.errors[i] = e.what();
       }
     });
+    // The output's folder is made as needed (every example writes to data/...), once the tokenizer and the input
+    // are known good, so a bad command leaves no folder; a folder already there is used as it is.
+    if (!std::ifstream(config_.input, std::ios::binary))
+      throw std::runtime_error("cannot open the input " + config_.input);
+    make_output_folder();
     const std::string level = config_.split_sentences ? "_sentence" : "_document";
     for (const std::string& key : config_.json_keys) {
       outputs_.push_back({config_.output_prefix + "_" + key + level, 0, 0});
@@ -264,6 +270,19 @@ class Preprocessor {
 
  private:
   using Take = std::function<void(RawDocument&&)>;
+
+  void make_output_folder() const {
+    const std::filesystem::path folder = std::filesystem::path(config_.output_prefix).parent_path();
+    if (folder.empty()) return;
+    std::error_code failure;
+    std::filesystem::create_directories(folder, failure);
+    if (failure || !std::filesystem::is_directory(folder)) {
+      throw std::runtime_error("cannot make the output folder " + folder.string() + " of --output-prefix " +
+                               config_.output_prefix + ": " +
+                               (failure ? failure.message() : std::string("a file of that name is in the way")) +
+                               "; choose another --output-prefix or make the folder writable");
+    }
+  }
 
   std::runtime_error error(int64_t line, const std::string& what) const {
     return std::runtime_error(config_.input + ":" + std::to_string(line) + ": " + what);

@@ -26,6 +26,7 @@ struct PreprocessConfig {
   std::string input;
   InputFormat input_format = InputFormat::kJsonLines;
   /// Outputs are <output_prefix>_<key>_document.bin/.idx, key "text" for text input (_sentence: split_sentences).
+  /// Its folder is made if missing.
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
   /// The tokenizer (training/tokenizers/build_tokenizer.h): Megatron's --tokenizer-type and its files.

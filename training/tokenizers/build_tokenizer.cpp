@@ -4,11 +4,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "training/tokenizers/byte_level_tokenizer.h"
@@ -24,6 +27,9 @@ namespace {
 struct Row {
   TokenizerType type;
   std::function<std::unique_ptr<Tokenizer>(const TokenizerConfig&)> make;
+  /// Names users type for this type (compared without case, '-', '_' or spaces); an unknown type that is one of
+  /// them suggests this type, where spelling distance alone points elsewhere ("HFTokenizer" is nearer NullTokenizer).
+  std::vector<std::string> aliases = {};
 };
 
 std::unique_ptr<Tokenizer> sentencepiece(const TokenizerConfig& config) {
@@ -33,16 +39,21 @@ std::unique_ptr<Tokenizer> sentencepiece(const TokenizerConfig& config) {
 const std::vector<Row>& rows() {
   static const std::vector<Row> table = {
       {{"ByteLevel", "each UTF-8 byte one id, EOD 256, vocab 257; needs no files", {}},
-       [](const TokenizerConfig&) { return std::make_unique<ByteLevelTokenizer>(); }},
+       [](const TokenizerConfig&) { return std::make_unique<ByteLevelTokenizer>(); },
+       {"bytes", "byte", "ByteLevelTokenizer", "ByteTokenizer"}},
       {{"GPT2BPETokenizer", "GPT-2's byte-level BPE from vocab.json and merges.txt", {"vocab_file", "merge_file"}},
-       [](const TokenizerConfig& c) { return std::make_unique<GPT2BPETokenizer>(c.vocab_file, c.merge_file); }},
+       [](const TokenizerConfig& c) { return std::make_unique<GPT2BPETokenizer>(c.vocab_file, c.merge_file); },
+       {"GPT2", "GPT2Tokenizer", "GPT2BPE", "GPTBPETokenizer"}},
       {{"HuggingFaceTokenizer",
         "a Hugging Face tokenizer.json (Llama-3, Qwen, Mistral, ...): a model directory or the file; BOS as the file's "
         "post-processor adds it, EOD = eos_token",
         {"tokenizer_model"}},
-       [](const TokenizerConfig& c) { return std::make_unique<HuggingFaceTokenizer>(c.tokenizer_model); }},
+       [](const TokenizerConfig& c) { return std::make_unique<HuggingFaceTokenizer>(c.tokenizer_model); },
+       {"HFTokenizer", "HuggingFace", "HF", "AutoTokenizer", "HFAutoTokenizer", "PreTrainedTokenizerFast",
+        "TokenizersBackend", "tokenizer.json", "transformers", "tokenizers"}},
       {{"SentencePieceTokenizer", "a SentencePiece tokenizer.model; EOD = its eos id", {"tokenizer_model"}},
-       sentencepiece},
+       sentencepiece,
+       {"SentencePiece", "spm", "tokenizer.model"}},
       {{"GPTSentencePieceTokenizer",
         "the same as SentencePieceTokenizer (one class in Megatron-Core)",
         {"tokenizer_model"}},
@@ -50,13 +61,13 @@ const std::vector<Row>& rows() {
       {{"Llama2Tokenizer",
         "the same as SentencePieceTokenizer (one class in Megatron-Core): no BOS is added",
         {"tokenizer_model"}},
-       sentencepiece},
+       sentencepiece,
+       {"LlamaTokenizer", "Llama2"}},
       {{"NullTokenizer",
         "the text holds space-separated ids; EOD = vocab_size - 1 unless null_tokenizer_eod_id",
         {"vocab_size"}},
-       [](const TokenizerConfig& c) {
-         return std::make_unique<NullTokenizer>(*c.vocab_size, c.null_tokenizer_eod_id);
-       }},
+       [](const TokenizerConfig& c) { return std::make_unique<NullTokenizer>(*c.vocab_size, c.null_tokenizer_eod_id); },
+       {"Null", "ids"}},
   };
   return table;
 }
@@ -65,6 +76,27 @@ const std::vector<Row>& rows() {
 std::string spelled(const std::string& prefix, std::string field) {
   if (prefix == "--") std::replace(field.begin(), field.end(), '_', '-');
   return prefix + field;
+}
+
+// A name as compared with the aliases: lower case, without '-', '_' or spaces.
+std::string folded(std::string_view name) {
+  std::string out;
+  for (const char c : name) {
+    if (c != '-' && c != '_' && c != ' ') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+// The type an unknown name most likely means: one spelt so but for case and separators, one it is an alias of,
+// else the nearest by spelling.
+std::optional<std::string> suggestion(const std::string& name, const std::vector<std::string_view>& names) {
+  for (const Row& row : rows()) {
+    if (folded(row.type.name) == folded(name)) return row.type.name;
+    for (const std::string& alias : row.aliases) {
+      if (folded(alias) == folded(name)) return row.type.name;
+    }
+  }
+  return bridge::utils::closest_match(name, names);
 }
 
 const Row& find_row(const std::string& name, const std::string& prefix) {
@@ -79,7 +111,7 @@ const Row& find_row(const std::string& name, const std::string& prefix) {
   }
   std::string message =
       spelled(prefix, "tokenizer_type") + ": unknown tokenizer type \"" + name + "\"; expected one of " + listed;
-  if (const auto guess = bridge::utils::closest_match(name, names)) message += " (did you mean " + *guess + "?)";
+  if (const auto guess = suggestion(name, names)) message += " (did you mean " + *guess + "?)";
   throw std::invalid_argument(message);
 }
 

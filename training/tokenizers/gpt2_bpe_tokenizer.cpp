@@ -92,7 +92,7 @@ std::vector<std::string_view> pre_tokenize(std::string_view text) {
 
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("GPT2BPETokenizer: cannot open the " + std::string(what) + " file " + path);
+  if (!in) throw std::invalid_argument("GPT2BPETokenizer: cannot open the " + std::string(what) + " file " + path);
   std::ostringstream content;
   content << in.rdbuf();
   return content.str();
@@ -180,7 +180,7 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
   VocabReader vocab;
   if (!nlohmann::json::sax_parse(read_file(vocab_json_path, "vocab"), &vocab) || vocab.ids.empty()) {
     if (vocab.error.empty()) vocab.error = VocabReader::kNotAnObject;
-    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + ": " + vocab.error);
+    throw std::invalid_argument("GPT2BPETokenizer: " + vocab_json_path + ": " + vocab.error);
   }
   std::unordered_map<std::string, int32_t> encoder;
   encoder.reserve(vocab.ids.size());
@@ -188,9 +188,9 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
   std::vector<bool> seen(vocab.ids.size(), false);
   for (auto& [token, id] : vocab.ids) {
     if (id < 0 || id >= static_cast<int64_t>(vocab.ids.size()) || seen[static_cast<std::size_t>(id)]) {
-      throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + ": token \"" + token + "\" has id " +
-                               std::to_string(id) + ", but ids must be distinct and in [0, " +
-                               std::to_string(vocab.ids.size()) + ")");
+      throw std::invalid_argument("GPT2BPETokenizer: " + vocab_json_path + ": token \"" + token + "\" has id " +
+                                  std::to_string(id) + ", but ids must be distinct and in [0, " +
+                                  std::to_string(vocab.ids.size()) + ")");
     }
     seen[static_cast<std::size_t>(id)] = true;
     decoder_[static_cast<std::size_t>(id)] = token;
@@ -198,8 +198,8 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
   }
   const auto eod = encoder.find(std::string(kEndOfText));
   if (eod == encoder.end()) {
-    throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " has no \"<|endoftext|>\" token, which ends " +
-                             "every document");
+    throw std::invalid_argument("GPT2BPETokenizer: " + vocab_json_path +
+                                " has no \"<|endoftext|>\" token, which ends " + "every document");
   }
   eod_ = eod->second;
 
@@ -215,9 +215,9 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
     if (line.empty() || (line_number == 1 && line.substr(0, 8) == "#version")) continue;
     const std::vector<std::string_view> fields = fields_of(line);
     if (fields.size() != 2) {
-      throw std::runtime_error("GPT2BPETokenizer: " + merges_path + ":" + std::to_string(line_number) +
-                               ": expected two space-separated symbols (a merge \"first second\"), got \"" +
-                               std::string(line) + "\"");
+      throw std::invalid_argument("GPT2BPETokenizer: " + merges_path + ":" + std::to_string(line_number) +
+                                  ": expected two space-separated symbols (a merge \"first second\"), got \"" +
+                                  std::string(line) + "\"");
     }
     // The rank is the merge's position; a repeated pair takes its last position, as dict(zip(merges, range(n))) in
     // GPT-2's encoder.py does (and BpeModel).
@@ -227,14 +227,15 @@ GPT2BPETokenizer::GPT2BPETokenizer(const std::string& vocab_json_path, const std
   for (int b = 0; b < 256; ++b) {
     const std::string& character = hf::byte_level_char(static_cast<unsigned char>(b));
     if (encoder.find(character) == encoder.end()) {
-      throw std::runtime_error("GPT2BPETokenizer: " + vocab_json_path + " has no token for byte " + std::to_string(b) +
-                               " (\"" + character + "\"); a byte-level BPE vocabulary holds all 256");
+      throw std::invalid_argument("GPT2BPETokenizer: " + vocab_json_path + " has no token for byte " +
+                                  std::to_string(b) + " (\"" + character +
+                                  "\"); a byte-level BPE vocabulary holds all 256");
     }
   }
   try {
     model_ = std::make_unique<BpeModel>(std::move(encoder), merges, BpeOptions{}, merges_path);
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(std::string("GPT2BPETokenizer: ") + e.what());
+    throw std::invalid_argument(std::string("GPT2BPETokenizer: ") + e.what());
   }
 }
 

@@ -25,7 +25,8 @@ class BpeModel;
 class GPT2BPETokenizer : public Tokenizer {
  public:
   /// Reads the vocabulary (a JSON object token -> id) and the merges (one "a b" pair per line, optionally after a
-  /// "#version" line). Throws std::runtime_error naming the file and line of anything malformed.
+  /// "#version" line). Throws std::invalid_argument naming the file and line of anything missing or malformed (a bad
+  /// tokenizer file is bad input, as for the other tokenizers: exit 2 in bridge-preprocess-data).
   GPT2BPETokenizer(const std::string& vocab_json_path, const std::string& merges_path);
   ~GPT2BPETokenizer() override;
   std::vector<int64_t> encode(std::string_view text) const override;

@@ -2,6 +2,7 @@
 #include "training/tokenizers/huggingface_tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -145,6 +146,16 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path) : path_(path
   const std::string where = file.string();
   const nlohmann::json root = read_json(file);
   if (!root.is_object()) throw std::invalid_argument("HuggingFaceTokenizer: " + where + " is not a JSON object");
+  if (!root.contains("model")) {  // another of a model's JSON files: config.json, tokenizer_config.json, ...
+    const fs::path beside = file.parent_path() / "tokenizer.json";
+    const bool model_config = root.contains("architectures") || root.contains("model_type");
+    throw std::invalid_argument("HuggingFaceTokenizer: " + where + " is not a tokenizer.json (it has no \"model\"" +
+                                (model_config ? "; it is a model's config.json" : "") +
+                                "); give the model's directory" +
+                                (fs::exists(beside) && beside != file ? " or its tokenizer file " + beside.string()
+                                                                      : ", or the tokenizer.json file itself") +
+                                " (--tokenizer-model, tokenizer.tokenizer_model)");
+  }
   try {
     hf::only_keys(root, "tokenizer.json",
                   {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer", "post_processor",
@@ -242,9 +253,28 @@ std::vector<AddedToken> HuggingFaceTokenizer::settle_added_tokens(std::vector<Ad
 
 int64_t HuggingFaceTokenizer::eod() const {
   if (!eos_) {
-    throw std::logic_error("HuggingFaceTokenizer " + path_ +
-                           ": no eos_token in tokenizer_config.json or special_tokens_map.json, so there is no "
-                           "end-of-document id; add \"eos_token\" to tokenizer_config.json");
+    // A tokenizer trained with the tokenizers library (its quicktour's, for one) has no EOS until transformers'
+    // files name one: say how to name one of its special tokens, or add a new one.
+    const fs::path directory = fs::is_directory(path_) ? fs::path(path_) : fs::path(path_).parent_path();
+    std::string specials, example = "</s>";
+    for (const AddedToken& token : added_->tokens()) {
+      if (!token.special) continue;
+      specials += (specials.empty() ? "" : ", ") + token.content;
+      std::string lower = token.content;
+      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+      for (const char* ending : {"end", "eos", "</s>", "sep"}) {
+        if (lower.find(ending) != std::string::npos && example == "</s>") example = token.content;
+      }
+    }
+    throw std::logic_error(
+        "HuggingFaceTokenizer " + path_ +
+        ": no eos_token in tokenizer_config.json or special_tokens_map.json, so there is no end-of-document id. Name "
+        "one of its tokens in " +
+        (directory / "tokenizer_config.json").string() + ", e.g. {\"eos_token\": \"" + example + "\"}" +
+        (specials.empty() ? "" : " (its special tokens: " + specials + ")") +
+        ", or add a new one with transformers: PreTrainedTokenizerFast(tokenizer_file=\"" +
+        (directory / "tokenizer.json").string() + "\", eos_token=\"</s>\").save_pretrained(\"" + directory.string() +
+        "\") (docs/tokenizers.md, \"Your own tokenizer\")");
   }
   return *eos_;
 }
