@@ -251,8 +251,9 @@ TEST(Checkpoint, RefusesToOverwriteNewerCheckpoints) {
   EXPECT_TRUE(fs::exists(dir / "iter_0000003" / "common.pt"));
 }
 
-// The error names the tensor or file, and nothing (tracker, on_checkpoint_load) happened.
-void expect_refused(const ConfigContainer& config, const std::string& message) {
+// The error names the tensor or file (and each of `also`), and nothing (tracker, on_checkpoint_load) happened.
+void expect_refused(const ConfigContainer& config, const std::string& message,
+                    const std::vector<std::string>& also = {}) {
   auto manager = std::make_shared<CallbackManager>();
   int loads = 0, steps = 0;
   manager->register_callback(Event::kCheckpointLoad, [&](CallbackContext&) { ++loads; });
@@ -262,6 +263,7 @@ void expect_refused(const ConfigContainer& config, const std::string& message) {
     ADD_FAILURE() << "loaded a checkpoint that does not fit; expected: " << message;
   } catch (const std::exception& error) {
     EXPECT_THAT(error.what(), HasSubstr(message));
+    for (const std::string& part : also) EXPECT_THAT(error.what(), HasSubstr(part));
   }
   EXPECT_EQ(loads, 0);
   EXPECT_EQ(steps, 0);
@@ -280,7 +282,15 @@ TEST(Checkpoint, CheckpointOfAnotherModelIsRefusedBeforeAnythingChanges) {
   ConfigContainer deeper = tiny_config(4);
   deeper.checkpoint.load = saved.string();
   deeper.model.num_layers = 3;
-  expect_refused(deeper, "the checkpoint has no tensor decoder.layers.2.");
+  // Which sizes differ, read from the config the checkpoint saved, and the override that loads it.
+  expect_refused(deeper, "the checkpoint has no tensor decoder.layers.2.",
+                 {"model.num_layers 2 (this run: 3)", "model.num_layers=2"});
+  ConfigContainer broader = tiny_config(4);
+  broader.checkpoint.load = saved.string();
+  broader.model.hidden_size = 32;
+  expect_refused(broader, " has the global shape [",
+                 {"16] in the checkpoint, [", "32] in this run's model", "model.hidden_size 16 (this run: 32)",
+                  "model.hidden_size=16", "another checkpoint.save"});
   ConfigContainer sgd = tiny_config(4);
   sgd.checkpoint.load = saved.string();
   sgd.optimizer.optimizer = "sgd";

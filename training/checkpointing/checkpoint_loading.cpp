@@ -114,7 +114,7 @@ LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directo
   options.progress = options.optimizer = options.rng = false;
   const std::string what = "loading the Hugging Face model " + directory.string();
   if (parallel::get_rank() == 0) {
-    bridge::utils::logger().warn("loading the weights of the Hugging Face model {} (checkpoint.pretrained_checkpoint)",
+    bridge::utils::logger().info("loading the weights of the Hugging Face model {} (checkpoint.pretrained_checkpoint)",
                                  directory.string());
   }
   try {
@@ -175,16 +175,15 @@ void read_checkpoint_files(const fs::path& directory, const std::vector<std::str
   }
   for (const std::string& name : model_names) {
     if (!index.contains(c10::IValue(name))) {
-      throw std::runtime_error("the checkpoint has no tensor " + name +
-                               ", which the model has: it is of another model; make model.* match its config");
+      throw ModelMismatchError("the checkpoint has no tensor " + name +
+                               ", which this run's model has: the checkpoint is of another model");
     }
   }
   for (const auto& item : index) {
     const std::string& name = item.key().toStringRef();
     if (model_names.count(name) == 0) {
-      throw std::runtime_error("the checkpoint holds " + name +
-                               ", which the model does not have: it is of another model; make model.* match its "
-                               "config");
+      throw ModelMismatchError("the checkpoint holds " + name +
+                               ", which this run's model does not have: the checkpoint is of another model");
     }
     GenericList holders = item.value().toGenericDict().at(c10::IValue(std::string("files"))).toList();
     for (const c10::IValue& holder : holders) files_of[name].push_back((directory / holder.toStringRef()).string());
@@ -301,7 +300,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   for (;;) {  // once, or again after an auto-resume fell back from a damaged checkpoint
     directory = source->directory / checkpoint_directory_name(source->iteration);
     if (parallel::get_rank() == 0) {
-      bridge::utils::logger().warn("{} checkpoint {} (chosen by {})",
+      bridge::utils::logger().info("{} checkpoint {} (chosen by {})",
                                    source->weights_only ? "loading the weights of" : "resuming from",
                                    directory.string(), source->origin);
     }
@@ -319,6 +318,11 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
         } catch (const DamagedFileError& error) {
           own_damage = in_context(what, bridge::utils::describe(error));
           throw;
+        } catch (const ModelMismatchError& error) {  // which sizes differ, from the config the checkpoint saved
+          const std::string differences = model_differences(
+              checkpoint_field(common, "config", (directory / kCommon).string()).toStringRef(), setup.config);
+          throw ModelMismatchError(
+              error.what() + (differences.empty() ? "; make model.* match the checkpoint's config" : differences));
         }
       });
       break;

@@ -2,6 +2,8 @@
 // scheduler, the counters and the RNG streams, slice by slice through the shard metadata.
 #include "training/checkpointing/checkpoint_state.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <optional>
@@ -316,9 +318,9 @@ void check_slices(const CheckpointParam& entry, const std::vector<Slice>& slices
       compatible = have[d] == want[d] || padded_dim;
     }
     if (!compatible) {
-      throw std::runtime_error(what + " " + name + " in " + slice.file->path + " has the global shape " +
-                               shape_string(have) + ", the model's is " + shape_string(want) +
-                               ": the checkpoint is of another model; make model.* match the checkpoint's config");
+      throw ModelMismatchError(what + " " + name + " in " + slice.file->path + " has the global shape " +
+                               shape_string(have) + " in the checkpoint, " + shape_string(want) +
+                               " in this run's model: the checkpoint is of another model");
     }
     std::vector<int64_t> local = have;
     if (!slice.layout.replicated()) {
@@ -401,6 +403,38 @@ void load_distributed_optimizer_state(PretrainSetup& setup, const CheckpointPara
 }
 
 }  // namespace
+
+std::string model_differences(const std::string& saved_config_yaml, const ConfigContainer& config) {
+  constexpr int kListed = 6;
+  std::vector<std::string> differing, overrides;
+  try {
+    const YAML::Node saved = YAML::Load(saved_config_yaml)["model"];
+    const YAML::Node run = YAML::Load(to_yaml(config))["model"];
+    if (!saved.IsMap() || !run.IsMap()) return "";
+    for (const auto& item : saved) {
+      const std::string key = item.first.as<std::string>();
+      const YAML::Node mine = run[key];
+      if (!mine) continue;
+      YAML::Emitter theirs_text, mine_text;
+      theirs_text << YAML::Flow << item.second;
+      mine_text << YAML::Flow << mine;
+      if (std::string(theirs_text.c_str()) == mine_text.c_str()) continue;
+      differing.push_back("model." + key + " " + theirs_text.c_str() + " (this run: " + mine_text.c_str() + ")");
+      overrides.push_back("model." + key + "=" + theirs_text.c_str());
+    }
+  } catch (const std::exception&) {  // a config of another version: the shapes alone must do
+    return "";
+  }
+  if (differing.empty()) return "";
+  std::string listed, fix;
+  for (std::size_t i = 0; i < differing.size() && i < kListed; ++i) {
+    listed += (i ? "; " : "") + differing[i];
+    fix += (i ? " " : "") + overrides[i];
+  }
+  if (differing.size() > kListed) listed += "; and " + std::to_string(differing.size() - kListed) + " more";
+  return ". The checkpoint's model.* differ from this run's: " + listed + ". Load it with its sizes (" + fix +
+         "), or start a new run in another checkpoint.save";
+}
 
 void check_loadable(const std::vector<CheckpointParam>& params, const std::map<std::string, LoadedFile>& files,
                     const std::map<std::string, std::vector<std::string>>& files_of, const LoadOptions& options) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,18 @@ struct LoadOptions {
   bool progress = true;   ///< iteration, counters and scheduler (off: a fine-tuning start)
   std::string optimizer_type = "adam";  ///< optimizer.optimizer of this run, checked against the checkpoint's
 };
+
+/// A checkpoint that does not fit the model: a tensor one has and the other lacks, or a global shape that differs.
+/// The loader adds which model.* keys of the checkpoint's config differ from the run's (model_differences).
+class ModelMismatchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The model.* keys whose values in `saved_config_yaml` (a checkpoint's "config") differ from `config`'s, as
+/// " The checkpoint's model.* differ from this run's: model.hidden_size 64 (this run: 128); ..." with the fix, or
+/// "" when none differ or the saved config cannot be read.
+std::string model_differences(const std::string& saved_config_yaml, const ConfigContainer& config);
 
 /// Checks that `files` hold every slice of every parameter in `params` (model and, with options.optimizer, the
 /// optimizer state) with compatible shapes, without changing anything. Throws std::runtime_error naming the
