@@ -24,3 +24,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/bridgeConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/bridgeConfig.cmake ${PROJECT_BINARY_DIR}/bridgeConfigVersion.cmake
               ${PROJECT_SOURCE_DIR}/cmake/BridgeTorch.cmake
         DESTINATION ${bridge_cmake_dir})
+
+# Say where the installed programs load LibTorch from: it stays where it was at build time (their RPATH points there).
+install(CODE "message(STATUS \"bridge: the installed programs and package use LibTorch ${Torch_VERSION} in place, from \"
+                             \"${BRIDGE_LIBTORCH_LIBRARY_DIR}: keep it there (it is not copied into the prefix)\")")

@@ -44,6 +44,37 @@ macro(bridge_find_torch)
   endif()
   message(STATUS "bridge: LibTorch ${Torch_VERSION} from ${bridge_libtorch_origin} (${Torch_DIR})")
   bridge_use_wheel_cuda_libraries()
+  bridge_libtorch_install_rpath()
+endmacro()
+
+# bridge_libtorch_install_rpath(): installed programs load the LibTorch they were linked against where it is: its
+# folder, and for a wheel the CUDA runtime's beside it (the programs link libcudart themselves), go on the install
+# RPATH. Without it the loader takes Debian's LibTorch 1.13 from /usr/lib first and an installed bridge-pretrain exits
+# 127 (libtorch_cuda.so not found). CMAKE_INSTALL_RPATH_USE_LINK_PATH cannot do this: it skips folders inside the
+# source tree, where the clone's .venv is. Call before any target is made (targets copy CMAKE_INSTALL_RPATH).
+macro(bridge_libtorch_install_rpath)
+  get_target_property(bridge_torch_configurations torch IMPORTED_CONFIGURATIONS)
+  set(bridge_torch_location "")
+  foreach(configuration IN LISTS bridge_torch_configurations)
+    get_target_property(bridge_torch_location torch IMPORTED_LOCATION_${configuration})
+    if(bridge_torch_location)
+      break()
+    endif()
+  endforeach()
+  if(NOT bridge_torch_location)
+    get_target_property(bridge_torch_location torch IMPORTED_LOCATION)
+  endif()
+  get_filename_component(BRIDGE_LIBTORCH_LIBRARY_DIR "${bridge_torch_location}" DIRECTORY)
+  if(NOT BRIDGE_LIBTORCH_LIBRARY_DIR IN_LIST CMAKE_CXX_IMPLICIT_LINK_DIRECTORIES)
+    list(APPEND CMAKE_INSTALL_RPATH "${BRIDGE_LIBTORCH_LIBRARY_DIR}")
+  endif()
+  if(TARGET CUDA::cudart)
+    get_target_property(bridge_cudart CUDA::cudart IMPORTED_LOCATION)
+    get_filename_component(bridge_cudart_dir "${bridge_cudart}" DIRECTORY)
+    if(bridge_cudart_dir MATCHES "/nvidia/")
+      list(APPEND CMAKE_INSTALL_RPATH "${bridge_cudart_dir}")
+    endif()
+  endif()
 endmacro()
 
 # bridge_use_system_fmt(<target>): LibTorch 2.x ships its own fmt (12) in its include directory, which comes before
