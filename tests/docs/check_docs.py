@@ -8,8 +8,12 @@
                                                   package; the README's programs also run
 
 A bridge-pretrain line runs with --print-config appended, in ROOT, with PRETRAIN (the built binary) in place of the
-documented path; under torchrun or mpirun only the bridge-pretrain part runs. A line ending in `# docs: skip (why)` is
-not run. Exit status: 0 when every check passes, 1 otherwise (each failure names the file and line).
+documented path. `commands` takes the lines of the pages' ```sh/```bash blocks, the indented command lines in the
+comments of examples/recipes/*.yaml, and the command lines `PRETRAIN --help` prints: every launch line the product
+shows a user. A line under torchrun or mpirun runs whole, through that launcher as written (so `torchrun` without
+`--no_python`, or Debian's torchrun 1.13, fails as it would for the user); as root, mpirun gets --allow-run-as-root
+and --oversubscribe when the line lacks them (the pages say to add them). A line ending in `# docs: skip (why)` is not
+run. Exit status: 0 when every check passes, 1 otherwise (each failure names the file and line).
 """
 import concurrent.futures
 import difflib
@@ -17,6 +21,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -144,66 +149,157 @@ def expand(token, variables):
     return re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)), token)
 
 
-def pretrain_arguments(text, variables):
-    """The arguments of the bridge-pretrain command on one shell line, or None when it runs none. Simple assignments
+LAUNCHERS = {"torchrun", "mpirun", "mpiexec"}
+
+
+def pretrain_command(text, variables):
+    """(launcher, arguments) of the bridge-pretrain command on one shell line, or None when it runs none: `launcher` is
+    the tokens before bridge-pretrain (empty when it runs alone), `arguments` those after it. Simple assignments
     (`B=build/tools/bridge-pretrain;`) are remembered in `variables` for the lines after."""
     lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>()")
     lexer.whitespace_split = True
     lexer.commenters = "#"
     tokens = list(lexer)
-    arguments = None
+    launcher, arguments = [], None
     for token in tokens:
         assignment = re.fullmatch(r"([A-Za-z_]\w*)=(.*)", token)
-        if arguments is None and assignment and "$(" not in token:
+        if arguments is None and assignment and "$(" not in token and not launcher:
             variables[assignment.group(1)] = expand(assignment.group(2), variables)
             continue
-        if arguments is not None:
-            if re.fullmatch(r"[;&|<>()]+", token):
+        if re.fullmatch(r"[;&|<>()]+", token):
+            if arguments is not None:
                 break
+            launcher = []  # a new command starts
+            continue
+        if arguments is not None:
             arguments.append(expand(token, variables))
         elif os.path.basename(expand(token, variables)) == "bridge-pretrain":
             arguments = []
-    return arguments
+        else:
+            launcher.append(expand(token, variables))
+    if arguments is None:
+        return None
+    if launcher and os.path.basename(launcher[0]) not in LAUNCHERS:
+        return None  # prose that names the program ("Run bridge-pretrain ..."), not a command
+    if any(argument.startswith("[") for argument in arguments):
+        return None  # a synopsis: "bridge-pretrain [--config RECIPE.yaml] [KEY=VALUE ...]"
+    return launcher, arguments
 
 
-def run_print_config(pretrain, arguments, root):
-    """Runs one documented command with --print-config; returns None when it resolves, else why not."""
-    command = [pretrain] + arguments + ["--print-config"]
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_print_config(pretrain, command, root):
+    """Runs one documented command, (launcher, arguments), with --print-config; returns None when it resolves, else
+    why not."""
+    launcher, arguments = list(command[0]), list(command[1])
+    environment = None
+    if launcher:
+        if os.path.basename(launcher[0]) in {"mpirun", "mpiexec"} and os.geteuid() == 0:
+            launcher[1:1] = [flag for flag in ("--allow-run-as-root", "--oversubscribe") if flag not in launcher]
+        # A world of its own: no variables of an enclosing launcher, and torchrun's store on a free port rather than
+        # 29500, which another test may hold.
+        outer = re.compile(r"(RANK|WORLD_SIZE|LOCAL_|MASTER_|GROUP_|ROLE_|TORCHELASTIC_|OMPI_|PMI_|PMIX_|SLURM_)")
+        environment = {k: v for k, v in os.environ.items() if not outer.match(k)}
+        environment["PET_MASTER_PORT"] = str(free_port())
+        environment.setdefault("OMP_NUM_THREADS", "1")
+    command = launcher + [pretrain] + arguments + ["--print-config"]
     try:
-        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=180, env=environment)
     except subprocess.TimeoutExpired:
         return f"timed out: {shlex.join(command)}"
+    except OSError as error:
+        return f"cannot start: {shlex.join(command)}: {error}"
     if result.returncode == 0:
         return None
-    output = (result.stderr.strip() or result.stdout.strip()).replace("\n", "\n    ")
+    output = (result.stderr.strip() or result.stdout.strip())[-3000:].replace("\n", "\n    ")
     return f"exit {result.returncode}: {shlex.join(command)}\n    {output}"
 
 
+def recipe_comment_lines(path):
+    """Yields (line number, text) for the indented command lines in the comments of a recipe (`#   bridge-pretrain
+    ...`, continued by a trailing backslash)."""
+    pending, start = "", None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        match = re.match(r"^#(\s{2,}\S.*)$", line)
+        if match is None:
+            if pending:
+                yield start, pending
+            pending, start = "", None
+            continue
+        text = match.group(1).strip()
+        if start is None:
+            start = number
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        yield start, pending + text
+        pending, start = "", None
+    if pending:
+        yield start, pending
+
+
+def help_lines(pretrain):
+    """Yields (line number, text) for the lines `pretrain --help` prints (continuations joined)."""
+    result = subprocess.run([pretrain, "--help"], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"{pretrain} --help exited {result.returncode}: {result.stderr}")
+    body = [line for line in result.stdout.splitlines()]
+    yield from logical_lines([line.strip() for line in body], 1)
+
+
 def check_commands(root, pretrain):
-    failures, commands = [], {}  # arguments -> where they are documented
+    failures, commands = [], {}  # (launcher, arguments) -> where they are shown
+
+    def collect(where, text, variables, prose_too=False):
+        try:
+            command = pretrain_command(text, variables)
+        except ValueError:  # shlex: an apostrophe in a sentence of --help or a comment
+            if not prose_too:
+                raise
+            return
+        if command is None or SKIP_MARK.search(text):
+            return
+        launcher, arguments = command
+        unresolved = [a for a in launcher + arguments if "$" in a]
+        if unresolved:
+            failures.append(f"{where}: cannot resolve {unresolved} (set the variable in the block, or end the "
+                            "line with '# docs: skip (why)')")
+            return
+        commands.setdefault((tuple(launcher), tuple(arguments)), []).append(where)
+
     for page in pages(root):
         for language, first, body in blocks(page):
             if language not in SHELL_LANGUAGES:
                 continue
             variables = {}
             for number, text in logical_lines(body, first):
-                arguments = pretrain_arguments(text, variables)
-                if arguments is None or SKIP_MARK.search(text):
-                    continue
-                where = f"{page.relative_to(root)}:{number}"
-                unresolved = [a for a in arguments if "$" in a]
-                if unresolved:
-                    failures.append(f"{where}: cannot resolve {unresolved} (set the variable in the block, or end the "
-                                    "line with '# docs: skip (why)')")
-                    continue
-                commands.setdefault(tuple(arguments), []).append(where)
-    # Each run is mostly LibTorch's start-up: run them side by side, each distinct command once.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        outcomes = pool.map(lambda arguments: run_print_config(pretrain, list(arguments), root), commands)
-        for (arguments, places), outcome in zip(commands.items(), outcomes):
+                collect(f"{page.relative_to(root)}:{number}", text, variables)
+    for recipe in sorted((root / "examples" / "recipes").glob("*.yaml")):
+        for number, text in recipe_comment_lines(recipe):
+            collect(f"{recipe.relative_to(root)}:{number}", text, {}, prose_too=True)
+    for number, text in help_lines(pretrain):
+        collect(f"bridge-pretrain --help, line {number}", text, {}, prose_too=True)
+
+    def check(items):
+        outcomes = pool.map(lambda command: run_print_config(pretrain, command, root), [c for c, _ in items])
+        for (_, places), outcome in zip(items, outcomes):
             if outcome is not None:
                 failures.extend(f"{where}: {outcome}" for where in places)
-    return failures, f"{sum(map(len, commands.values()))} bridge-pretrain commands ({len(commands)} distinct)"
+
+    alone = [(c, w) for c, w in commands.items() if not c[0]]
+    launched = [(c, w) for c, w in commands.items() if c[0]]
+    # A run alone is mostly LibTorch's start-up: side by side, each distinct command once. A launched one starts
+    # several ranks itself: one at a time.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        check(alone)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        check(launched)
+    return failures, (f"{sum(map(len, commands.values()))} bridge-pretrain commands ({len(alone)} distinct alone, "
+                      f"{len(launched)} under a launcher)")
 
 
 # ---- the generated config reference ----
