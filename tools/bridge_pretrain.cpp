@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bridge/bridge.h"
+#include "parallel/distributed.h"
 #include "parallel/launch_env.h"
 #include "parallel/parallel_state.h"
 #include "tools/tiny_corpus.h"
@@ -48,7 +49,9 @@ cxxopts::Options make_options() {
                         "YAML recipe to start from (keys it leaves out keep the defaults listed below); without it, "
                         "the embedded tiny recipe (examples/recipes/tiny.yaml)",
                         cxxopts::value<std::string>(), "RECIPE.yaml")(
-      "print-config", "print the resolved config as YAML (loadable with --config) and exit")(
+      "print-config",
+      "print the resolved config as YAML (loadable with --config) and exit; under torchrun or mpirun, first check it "
+      "against the launcher's world size and join the world, so a launch line that prints is one that starts")(
       "h,help", "print this help, with every config key, and exit")(
       "help-markdown", "print the config key reference as Markdown (docs/config-reference.md) and exit");
   return options;
@@ -264,6 +267,19 @@ void print_summary(const ConfigContainer& config, const RunSummary& summary, con
   std::fputs(text.c_str(), stdout);
 }
 
+// --print-config under a launcher: every rank reaches the rendezvous store and joins a CPU (Gloo) world with the
+// run's timeouts, then leaves it. The launcher's store, address, port and rank variables are those a run would use;
+// a torchrun of another PyTorch, a wrong MASTER_ADDR or a rank that never starts fails here, naming what it tried.
+void join_world_and_leave(const ParallelismConfig& parallelism) {
+  parallel::DistributedOptions options;
+  options.timeout = parallelism.timeout;
+  options.rendezvous_timeout = parallelism.rendezvous_timeout;
+  options.rendezvous_timeout_source = "parallelism.rendezvous_timeout";
+  parallel::init_distributed(options);
+  parallel::get_world_group().barrier();
+  parallel::destroy_distributed();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,6 +287,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines from several ranks interleave whole
   parallel::LaunchEnv env;
   ConfigContainer config;
+  bool print_config = false;
   try {
     // The launcher's rank, read before anything else, so config errors (the same on every rank) print once.
     env = parallel::detect_launch_env();
@@ -286,14 +303,29 @@ int main(int argc, char** argv) {
     }
     config = resolve_config(args);
     if (args.count("print-config")) {
-      if (env.rank == 0) std::fputs(to_yaml(config).c_str(), stdout);
-      return 0;
+      // Alone, --print-config only resolves the config (a recipe for 4 ranks prints in a world of one). Under a
+      // launcher it checks the launch too: the config against the launcher's world size here, every rank joining
+      // the world below; so a launch line that prints its config is one that starts.
+      if (env.launcher != parallel::Launcher::kNone) config.validate(env.world_size);
+      print_config = true;
+    } else {
+      check_builtin_data(config);
+      config.validate(env.world_size);
     }
-    check_builtin_data(config);
-    config.validate(env.world_size);
   } catch (const std::exception& error) {  // cxxopts errors, ConfigError, validate()'s invalid_argument
     if (env.rank == 0) std::fprintf(stderr, "bridge-pretrain: error: %s\n", bridge::utils::describe(error).c_str());
     return kExitBadConfig;
+  }
+  if (print_config) {
+    try {
+      if (env.launcher != parallel::Launcher::kNone) join_world_and_leave(config.parallelism);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "bridge-pretrain: rank %d: could not join the launcher's world: %s\n", env.rank,
+                   bridge::utils::describe(error).c_str());
+      return kExitTrainingFailed;
+    }
+    if (env.rank == 0) std::fputs(to_yaml(config).c_str(), stdout);
+    return 0;
   }
 
   try {

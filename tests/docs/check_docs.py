@@ -11,7 +11,8 @@ A bridge-pretrain line runs with --print-config appended, in ROOT, with PRETRAIN
 documented path. `commands` takes the lines of the pages' ```sh/```bash blocks, the indented command lines in the
 comments of examples/recipes/*.yaml, and the command lines `PRETRAIN --help` prints: every launch line the product
 shows a user. A line under torchrun or mpirun runs whole, through that launcher as written (so `torchrun` without
-`--no_python`, or Debian's torchrun 1.13, fails as it would for the user); as root, mpirun gets --allow-run-as-root
+`--no_python`, or Debian's torchrun 1.13, fails as it would for the user; bridge-pretrain's --print-config under a
+launcher checks the config against the world size and joins the world); as root, mpirun gets --allow-run-as-root
 and --oversubscribe when the line lacks them (the pages say to add them). A line ending in `# docs: skip (why)` is not
 run. Exit status: 0 when every check passes, 1 otherwise (each failure names the file and line).
 """
@@ -152,10 +153,11 @@ def expand(token, variables):
 LAUNCHERS = {"torchrun", "mpirun", "mpiexec"}
 
 
-def pretrain_command(text, variables):
+def pretrain_command(text, variables, prose_too=False):
     """(launcher, arguments) of the bridge-pretrain command on one shell line, or None when it runs none: `launcher` is
     the tokens before bridge-pretrain (empty when it runs alone), `arguments` those after it. Simple assignments
-    (`B=build/tools/bridge-pretrain;`) are remembered in `variables` for the lines after."""
+    (`B=build/tools/bridge-pretrain;`) are remembered in `variables` for the lines after. `prose_too`: the line may be
+    a sentence (--help, a recipe's comment), which is not a command unless a launcher or the program starts it."""
     lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>()")
     lexer.whitespace_split = True
     lexer.commenters = "#"
@@ -180,7 +182,9 @@ def pretrain_command(text, variables):
     if arguments is None:
         return None
     if launcher and os.path.basename(launcher[0]) not in LAUNCHERS:
-        return None  # prose that names the program ("Run bridge-pretrain ..."), not a command
+        if prose_too:
+            return None  # prose that names the program ("Run bridge-pretrain ..."), not a command
+        launcher = []  # `time`, `nohup`, `env X=1`, `srun`: the program's own part runs
     if any(argument.startswith("[") for argument in arguments):
         return None  # a synopsis: "bridge-pretrain [--config RECIPE.yaml] [KEY=VALUE ...]"
     return launcher, arguments
@@ -256,7 +260,7 @@ def check_commands(root, pretrain):
 
     def collect(where, text, variables, prose_too=False):
         try:
-            command = pretrain_command(text, variables)
+            command = pretrain_command(text, variables, prose_too)
         except ValueError:  # shlex: an apostrophe in a sentence of --help or a comment
             if not prose_too:
                 raise
