@@ -58,14 +58,26 @@ struct LogRecord {
 
   /// Runs `fn` once every on_log callback has run (the loop calls complete() then, before the record is written), so
   /// a callback sees what callbacks registered after it add, as ControlEndpoint does for its /status.
-  void when_complete(std::function<void(const LogRecord&)> fn) { when_complete_.push_back(std::move(fn)); }
+  void when_complete(std::function<void(const LogRecord&)> fn) { when_complete_.fns.push_back(std::move(fn)); }
   /// Runs the when_complete functions once, in the order given.
   void complete() {
-    for (const auto& fn : std::exchange(when_complete_, {})) fn(*this);
+    for (const auto& fn : std::exchange(when_complete_.fns, {})) fn(*this);
   }
 
  private:
-  std::vector<std::function<void(const LogRecord&)>> when_complete_;
+  /// The pending functions belong to the record the loop completes: a copy (a callback's snapshot) carries the
+  /// fields but none of them, so completing both cannot run one twice; an assigned record keeps its own. A move
+  /// hands them over.
+  struct Pending {
+    Pending() = default;
+    Pending(const Pending&) {}
+    Pending& operator=(const Pending&) { return *this; }
+    Pending(Pending&&) noexcept = default;
+    Pending& operator=(Pending&&) noexcept = default;
+    ~Pending() = default;
+    std::vector<std::function<void(const LogRecord&)>> fns;
+  };
+  Pending when_complete_;
 };
 
 /// The checkpoint an on_checkpoint_save/load event is about.
