@@ -337,7 +337,7 @@ int occurrences(const std::string& text, const std::string& needle) {
 }
 
 // A new user saw nothing before the first log_interval and no ETA: the first step is logged at once, every line has
-// the time elapsed and the ETA, and says how many steps its loss is the mean of. The callbacks' ctx.iteration() and
+// the time elapsed and the ETA, and says how many steps its losses are the means of. The callbacks' ctx.iteration() and
 // the log number the steps alike.
 TEST(PretrainLog, TheFirstStepIsLoggedAndEveryLineHasTheEtaAndTheStepsItsLossAverages) {
   ConfigContainer config = tiny_config();
@@ -357,13 +357,16 @@ TEST(PretrainLog, TheFirstStepIsLoggedAndEveryLineHasTheEtaAndTheStepsItsLossAve
   std::vector<int64_t> lines;
   std::vector<std::string> averaged;
   const std::regex line(R"(iteration +([0-9]+)/ +7 \|.*? \| elapsed: [0-9]+:[0-5][0-9]:[0-5][0-9] \| ETA: )"
-                        R"([0-9]+:[0-5][0-9]:[0-5][0-9] \|.*? lm loss: [-+0-9.E]+( \(mean of [0-9]+ steps\))? \|)");
+                        R"([0-9]+:[0-5][0-9]:[0-5][0-9] \|.*?( losses averaged over: [0-9]+ steps \|)? lm loss: )"
+                        R"([-+0-9.E]+ \|)");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator(); ++it) {
     lines.push_back(std::stoll((*it)[1]));
     averaged.push_back((*it)[2]);
   }
   EXPECT_EQ(lines, (std::vector<int64_t>{1, 3, 6})) << text;
-  EXPECT_EQ(averaged, (std::vector<std::string>{"", " (mean of 2 steps)", " (mean of 3 steps)"})) << text;
+  EXPECT_EQ(averaged,
+            (std::vector<std::string>{"", " losses averaged over: 2 steps |", " losses averaged over: 3 steps |"}))
+      << text;
   EXPECT_EQ(log_iterations, (std::vector<int64_t>{1, 3, 6}));
   EXPECT_EQ(step_iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
 }

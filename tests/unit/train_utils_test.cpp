@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
+#include <string>
+#include <utility>
 
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
@@ -224,6 +227,22 @@ TEST(FlopUtils, GroupedQueriesAndGatedMlpByHand) {
 
 LossDict losses(double lm) { return {{"lm loss", torch::tensor(lm)}}; }
 
+// As parsers of Megatron's log read it: split on '|', the "lm loss" field's value is a float and nothing else.
+double logged_loss(const std::string& line) {
+  std::istringstream fields(line);
+  for (std::string field; std::getline(fields, field, '|');) {
+    const std::size_t colon = field.find(':');
+    if (colon == std::string::npos || field.substr(0, colon).find("lm loss") == std::string::npos) continue;
+    const std::string value = field.substr(colon + 1);
+    std::size_t parsed = 0;
+    const double loss = std::stod(value, &parsed);
+    EXPECT_EQ(value.find_first_not_of(' ', parsed), std::string::npos) << "'" << value << "' is not only a float";
+    return loss;
+  }
+  ADD_FAILURE() << "no lm loss field in " << line;
+  return std::nan("");
+}
+
 TEST(TrainingLog, MegatronLineWithEveryField) {
   TotalLossDict total;
   accumulate_losses(total, losses(2.0), false);
@@ -238,13 +257,15 @@ TEST(TrainingLog, MegatronLineWithEveryField) {
   fields.global_batch_size = 32;
   fields.grad_norm = 1.2346;
   fields.extra = {"custom: 1"};
-  EXPECT_EQ(format_log_line(fields, total),
+  const std::string averaged = format_log_line(fields, total);
+  EXPECT_EQ(averaged,
             " [2026-11-22 10:00:00] iteration       10/     100 | consumed samples:          320 | elapsed time per "
-            "iteration (ms): 812.3 | learning rate: 3.000000E-04 | global batch size:    32 | lm loss: 2.500000E+00 "
-            "(mean of 2 steps) | loss scale: 1.0 | grad norm: 1.235 | custom: 1 | number of skipped iterations:   0 "
-            "| number of nan iterations:   0 |");
+            "iteration (ms): 812.3 | learning rate: 3.000000E-04 | global batch size:    32 | losses averaged over: "
+            "2 steps | lm loss: 2.500000E+00 | loss scale: 1.0 | grad norm: 1.235 | custom: 1 | number of skipped "
+            "iterations:   0 | number of nan iterations:   0 |");
   // Printing reset the sums and the counters.
   EXPECT_EQ(total.advanced_iterations, 0);
+  EXPECT_DOUBLE_EQ(logged_loss(averaged), 2.5) << averaged;
   EXPECT_DOUBLE_EQ(total.loss_sums.at(0).second, 0.0);
 
   fields.skipped_samples = 5;
@@ -260,8 +281,37 @@ TEST(TrainingLog, MegatronLineWithEveryField) {
   // The time since the start and the time left, as durations, before Megatron's throughput.
   EXPECT_THAT(line, HasSubstr("(ms): 812.3 | elapsed: 0:00:12 | ETA: 1:02:03 | throughput per GPU (TFLOP/s/GPU): "
                               "12.3 | learning rate:"));
-  EXPECT_THAT(line, HasSubstr("| lm loss: 1.000000E+00 |")) << "one step: its own loss, no mean to name";
+  EXPECT_THAT(line, HasSubstr("| global batch size:    32 | lm loss: 1.000000E+00 |"))
+      << "one step: its own loss, no mean to name";
+  EXPECT_DOUBLE_EQ(logged_loss(line), 1.0) << line;
   EXPECT_THAT(line, HasSubstr("| grad norm: 1.235 | num zeros: 17 | params norm: 3.000 | number of skipped"));
+}
+
+// A callback may keep a copy of the record; completing the copy must not run the loop's pending functions again.
+TEST(TrainingLog, ACopiedLogRecordCarriesItsFieldsButNotThePendingFunctions) {
+  LogRecord record;
+  record.iteration = 3;
+  record.metrics["tokens/s"] = 10.0;
+  int runs = 0;
+  record.when_complete([&](const LogRecord& completed) {
+    ++runs;
+    EXPECT_EQ(completed.iteration, 3);
+  });
+  LogRecord copy = record;
+  LogRecord assigned;
+  assigned = record;
+  EXPECT_EQ(copy.metrics, record.metrics);
+  copy.complete();
+  assigned.complete();
+  EXPECT_EQ(runs, 0);
+  record.complete();
+  record.complete();
+  EXPECT_EQ(runs, 1);
+  LogRecord moved_from;
+  moved_from.when_complete([&](const LogRecord&) { ++runs; });
+  LogRecord moved = std::move(moved_from);
+  moved.complete();
+  EXPECT_EQ(runs, 2);
 }
 
 TEST(TrainingLog, SkippedStepsCountNanOnlyWhenSkipped) {

@@ -54,13 +54,14 @@ std::string format_log_line(const LogLineFields& f, TotalLossDict& total) {
   line += format(" learning rate: %.6E |", f.learning_rate);
   line += format(" global batch size: %5lld |", static_cast<long long>(f.global_batch_size));
   const double advanced = static_cast<double>(std::max<int64_t>(1, total.advanced_iterations));
-  // Said on the line, as a summary shows the last step's loss: the value here is the interval's mean.
-  const std::string averaged = total.advanced_iterations > 1
-                                   ? " (mean of " + std::to_string(total.advanced_iterations) + " steps)"
-                                   : std::string();
+  // Said on the line, as a summary shows the last step's loss: the losses here are the interval's means. A field of
+  // its own, so every loss field stays Megatron's "name: value |" for parsers that split on '|'.
+  if (total.advanced_iterations > 1) {
+    line += format(" losses averaged over: %lld steps |", static_cast<long long>(total.advanced_iterations));
+  }
   for (auto& [key, sum] : total.loss_sums) {
     const double average = sum / advanced;
-    if (average >= 0.0) line += " " + key + format(": %.6E", average) + averaged + " |";
+    if (average >= 0.0) line += " " + key + format(": %.6E |", average);
     sum = 0.0;
   }
   line += format(" loss scale: %.1f |", f.loss_scale);

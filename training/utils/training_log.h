@@ -4,13 +4,14 @@
 //
 //    [2026-11-22 10:00:00] iteration       20/     100 | consumed samples:          640 | elapsed time per
 //    iteration (ms): 812.3 | elapsed: 0:00:17 | ETA: 0:01:05 | learning rate: 3.000000E-04 | global batch size:
-//    32 | lm loss: 5.123456E+00 (mean of 10 steps) | loss scale: 1.0 | grad norm: 1.234 | number of skipped
-//    iterations:   0 | number of nan iterations:   0 |
+//    32 | losses averaged over: 10 steps | lm loss: 5.123456E+00 | loss scale: 1.0 | grad norm: 1.234 | number of
+//    skipped iterations:   0 | number of nan iterations:   0 |
 //
 // Megatron's fields and formats, plus the time since training started and the estimated time left (bridge's, so a
-// run shows its progress without a callback), and the number of steps a loss is averaged over when more than one:
-// a line's loss is the mean since the previous line, unlike the last step's that a summary shows. Parsers of
-// Megatron's "lm loss: <value>" read it unchanged.
+// run shows its progress without a callback), and, in a field of its own before the losses, the number of steps they
+// are averaged over when more than one: a line's loss is the mean since the previous line, unlike the last step's
+// that a summary shows. Every loss field stays Megatron's "lm loss: %.6E |", so parsers that split the line on '|'
+// read it unchanged.
 #pragma once
 
 #include <cstdint>
@@ -56,8 +57,8 @@ struct LogLineFields {
 };
 
 /// Megatron's console line (one line, no newline). Each loss prints its average over the advanced iterations when it
-/// is non-negative, followed by "(mean of N steps)" when N > 1; then the loss sums and all three counters are reset,
-/// as the reference does after printing.
+/// is non-negative, after a "losses averaged over: N steps |" field when N > 1; then the loss sums and all three
+/// counters are reset, as the reference does after printing.
 std::string format_log_line(const LogLineFields& fields, TotalLossDict& total);
 
 /// The wall-clock time as "YYYY-MM-DD HH:MM:SS" (local time).
