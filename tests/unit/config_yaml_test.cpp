@@ -208,6 +208,9 @@ TEST(ConfigYaml, AnHfStartsConfigJsonWinsOverTheRecipeButNotOverTheUser) {
                     ::testing::Not(HasSubstr("num_attention_heads"))));
   EXPECT_THAT(config_error([&] { resolve({"model={hidden_size: 32}"}); }),
               HasSubstr("model.hidden_size (32, config.json: 48)"));
+  // The run's own choices are checked against the directory before any rank starts, too.
+  EXPECT_THAT(config_error([&] { resolve({"model.seq_length=256"}); }),
+              HasSubstr("model.seq_length must be at most 128 (n_positions)"));
   EXPECT_THAT(config_error([&] { resolve({start + "/absent"}); }),
               AllOf(HasSubstr("checkpoint.pretrained_checkpoint=hf:"), HasSubstr("config.json")));
   fs::remove_all(hf);

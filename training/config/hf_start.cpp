@@ -1,6 +1,8 @@
 // adopt_hf_architecture: the directory's model over the recipe's, checked against the command line's.
 #include "training/config/hf_start.h"
 
+#include <stdexcept>
+
 #include "bridge/hf/auto_bridge.h"
 #include "training/config/config_table.h"
 #include "training/config/config_yaml.h"
@@ -32,6 +34,14 @@ void adopt_hf_architecture(ConfigContainer& config, const std::set<std::string>&
                       bridge::utils::join(differences, ", ") + (differences.size() == 1 ? " disagrees" : " disagree") +
                       ", as set on the command line; drop those overrides (the directory sets them) or make them "
                       "match");
+  }
+  // What the run chooses beside the architecture (model.seq_length past GPT-2's n_positions, a sliding window shorter
+  // than it, ...) is checked against the directory here too, so it stops before any rank starts (exit 2), not when
+  // the weights load.
+  try {
+    hf::check_hf_config(source.substr(3), adopted.model);
+  } catch (const std::invalid_argument& error) {
+    throw ConfigError("checkpoint.pretrained_checkpoint=" + source + ": " + error.what());
   }
   config = std::move(adopted);
 }
