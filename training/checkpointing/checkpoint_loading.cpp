@@ -319,8 +319,12 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
           own_damage = in_context(what, bridge::utils::describe(error));
           throw;
         } catch (const ModelMismatchError& error) {  // which sizes differ, from the config the checkpoint saved
-          const std::string differences = model_differences(
-              checkpoint_field(common, "config", (directory / kCommon).string()).toStringRef(), setup.config);
+          // Looked up softly: a checkpoint without a readable config is still one of another model, not a damaged
+          // one, and keeps the mismatch's own message.
+          const auto saved_config = common.find(c10::IValue(std::string("config")));
+          const std::string differences = saved_config != common.end() && saved_config->value().isString()
+                                              ? model_differences(saved_config->value().toStringRef(), setup.config)
+                                              : std::string();
           throw ModelMismatchError(
               error.what() + (differences.empty() ? "; make model.* match the checkpoint's config" : differences));
         }

@@ -405,18 +405,43 @@ void load_distributed_optimizer_state(PretrainSetup& setup, const CheckpointPara
 }  // namespace
 
 std::string model_differences(const std::string& saved_config_yaml, const ConfigContainer& config) {
+  // The model.* keys that decide which tensors exist and their shapes; the others (dropout, initialisation, epsilon,
+  // RoPE settings, recomputation) load into any value, so naming them would send a user to change what does not
+  // matter. seq_length sizes only learned absolute positions' table.
+  static constexpr const char* kShapeKeys[] = {"num_layers",
+                                               "hidden_size",
+                                               "ffn_hidden_size",
+                                               "num_attention_heads",
+                                               "num_query_groups",
+                                               "kv_channels",
+                                               "vocab_size",
+                                               "make_vocab_size_divisible_by",
+                                               "gated_linear_unit",
+                                               "normalization",
+                                               "qk_layernorm",
+                                               "add_bias_linear",
+                                               "add_qkv_bias",
+                                               "share_embeddings_and_output_weights",
+                                               "position_embedding_type",
+                                               "seq_length"};
   constexpr int kListed = 6;
   std::vector<std::string> differing, overrides;
   try {
     const YAML::Node saved = YAML::Load(saved_config_yaml)["model"];
     const YAML::Node run = YAML::Load(to_yaml(config))["model"];
     if (!saved.IsMap() || !run.IsMap()) return "";
-    for (const auto& item : saved) {
-      const std::string key = item.first.as<std::string>();
+    const auto learned_positions = [](const YAML::Node& model) {
+      const YAML::Node type = model["position_embedding_type"];
+      return type && type.IsScalar() && type.as<std::string>() == "learned_absolute";
+    };
+    const bool positions_table = learned_positions(saved) || learned_positions(run);
+    for (const std::string key : kShapeKeys) {
+      if (key == "seq_length" && !positions_table) continue;
+      const YAML::Node theirs = saved[key];
       const YAML::Node mine = run[key];
-      if (!mine) continue;
+      if (!theirs || !mine) continue;
       YAML::Emitter theirs_text, mine_text;
-      theirs_text << YAML::Flow << item.second;
+      theirs_text << YAML::Flow << theirs;
       mine_text << YAML::Flow << mine;
       if (std::string(theirs_text.c_str()) == mine_text.c_str()) continue;
       differing.push_back("model." + key + " " + theirs_text.c_str() + " (this run: " + mine_text.c_str() + ")");
