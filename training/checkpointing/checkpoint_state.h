@@ -80,7 +80,8 @@ class ModelMismatchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The model.* keys whose values in `saved_config_yaml` (a checkpoint's "config") differ from `config`'s, as
+/// The model.* keys that change a tensor's shape (seq_length only for learned absolute positions) whose values in
+/// `saved_config_yaml` (a checkpoint's "config") differ from `config`'s, as
 /// " The checkpoint's model.* differ from this run's: model.hidden_size 64 (this run: 128); ..." with the fix, or
 /// "" when none differ or the saved config cannot be read.
 std::string model_differences(const std::string& saved_config_yaml, const ConfigContainer& config);
