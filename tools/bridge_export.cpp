@@ -14,12 +14,15 @@
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bridge/hf/auto_bridge.h"
 #include "bridge/hf/hf_artifacts.h"
@@ -224,6 +227,38 @@ bridge::hf::HfArtifacts artifacts_for(const bridge::training::ConfigContainer& r
   return artifacts;
 }
 
+// What the export took from the source directory, named only where it did: another directory's tokenizer replaces
+// the token ids, a longer training seq_length the context, and a source without generation_config.json gives none.
+std::string kept_from_source(const bridge::hf::HfArtifacts& artifacts, const fs::path& exported) {
+  const auto read = [](const fs::path& file) {
+    std::ifstream in(file);
+    const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    return config.is_object() ? config : nlohmann::json::object();
+  };
+  const nlohmann::json theirs = read(artifacts.source / "config.json"), ours = read(exported / "config.json");
+  const bool new_ids = artifacts.bos_token_id || artifacts.eos_token_id;
+  std::vector<std::string> kept;
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (!new_ids && theirs.contains(key) && !theirs[key].is_null()) {
+      kept.emplace_back("token ids");
+      break;
+    }
+  }
+  const auto context = theirs.find("max_position_embeddings");
+  if (context != theirs.end() && !context->is_null() &&
+      ours.value("max_position_embeddings", nlohmann::json()) == *context) {
+    kept.push_back("context length (max_position_embeddings " + context->dump() + ")");
+  }
+  if (fs::exists(artifacts.source / "generation_config.json")) {
+    kept.emplace_back(new_ids ? "generation_config.json (with the tokenizer's bos/eos ids)" : "generation_config.json");
+  }
+  std::string text;
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == kept.size() ? " and " : ", ") + kept[i];
+  }
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,8 +353,8 @@ int main(int argc, char** argv) {
                 sharded ? "weight shards and model.safetensors.index.json" : "model.safetensors", beside.c_str(),
                 saved.path.c_str());
     if (!artifacts.source.empty()) {
-      std::printf("bridge-export: kept the token ids%s and generation_config.json of %s\n",
-                  type == "gpt2" ? "" : ", context length (max_position_embeddings)", artifacts.source.c_str());
+      const std::string kept = kept_from_source(artifacts, hf_dir);
+      if (!kept.empty()) std::printf("bridge-export: kept the %s of %s\n", kept.c_str(), artifacts.source.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bridge-export: error: %s\n", bridge::utils::describe(e).c_str());

@@ -80,8 +80,12 @@ bool is_weight_file(const std::string& name) {
 // config.json as the source had it where the export cannot know better: its token ids (a tokenizer of the run's own
 // replaces them) and its context, which an import does not change (the training seq_length when that is longer).
 void keep_source_fields(json& config, const json& source, const HfArtifacts& artifacts) {
-  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
-    if (const auto it = source.find(key); it != source.end() && !it->is_null()) config[key] = *it;
+  // Ids of another tokenizer replace all of the source's: its pad id names a token of its own vocabulary.
+  const bool new_ids = artifacts.bos_token_id || artifacts.eos_token_id;
+  if (!new_ids) {
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (const auto it = source.find(key); it != source.end() && !it->is_null()) config[key] = *it;
+    }
   }
   if (artifacts.bos_token_id) config["bos_token_id"] = *artifacts.bos_token_id;
   if (artifacts.eos_token_id) config["eos_token_id"] = *artifacts.eos_token_id;
@@ -100,8 +104,13 @@ std::string generation_config(const json& config, const HfArtifacts& artifacts) 
   if (!artifacts.source.empty() && fs::exists(theirs)) {
     if (!new_ids) return utils::read_file(theirs);
     json generation = parse_file(theirs, "");
+    generation.erase("pad_token_id");  // the source tokenizer's
     for (const char* key : {"bos_token_id", "eos_token_id"}) {
-      if (config.contains(key)) generation[key] = config[key];
+      if (config.contains(key)) {
+        generation[key] = config[key];
+      } else {
+        generation.erase(key);
+      }
     }
     return generation.dump(2) + "\n";
   }
@@ -126,12 +135,15 @@ void write_directory(const fs::path& directory, const std::map<std::string, torc
   std::map<std::string, std::string> texts = artifacts.texts;
   for (const auto& [name, file] : artifacts.files) texts[name] = utils::read_file(file);
   texts["generation_config.json"] = generation_config(config, artifacts);
-  fs::create_directories(directory);
+  // The outermost folder this export makes, removed again when it fails: a failed first export leaves nothing.
+  fs::path made;
+  for (fs::path p = fs::absolute(directory).lexically_normal(); !fs::exists(p); p = p.parent_path()) made = p;
   const fs::path staging = directory / (".bridge-export-" + std::to_string(::getpid()));
-  fs::remove_all(staging);
-  fs::create_directories(staging);
   std::vector<std::string> written;  // in the order they move into place: weights first, config.json last
   try {
+    fs::create_directories(directory);
+    fs::remove_all(staging);
+    fs::create_directories(staging);
     // transformers' rule (its split_torch_state_dict_into_shards): in order, a tensor that would take the shard past
     // the limit starts the next one.
     std::vector<std::map<std::string, torch::Tensor>> shards(1);
@@ -169,19 +181,31 @@ void write_directory(const fs::path& directory, const std::map<std::string, torc
     }
     utils::write_file_durably(staging / "config.json", texts["config.json"]);
     written.push_back("config.json");
+    // Each rename is atomic, so a crash (or a failed rename) from here on leaves every file whole: those moved so far
+    // beside the earlier export's others (config.json, moved last, still the earlier one's), and, after a crash, the
+    // staging folder with the rest, which the next export does not remove (another pid's name): delete it.
+    std::size_t moved = 0;
+    try {
+      for (; moved < written.size(); ++moved) fs::rename(staging / written[moved], directory / written[moved]);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("moving the export into " + directory.string() + " failed with " +
+                               std::to_string(moved) + " of its " + std::to_string(written.size()) +
+                               " files moved, which replaced the earlier export's (" + e.what() +
+                               "): fix the cause and export again");
+    }
+    const std::set<std::string> kept(written.begin(), written.end());
+    for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
+      const std::string name = entry.path().filename().string();
+      if (is_weight_file(name) && kept.count(name) == 0) fs::remove(entry.path());
+    }
+    utils::fsync_directory(directory);
+    fs::remove_all(staging);
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(staging, ignored);
+    if (!made.empty()) fs::remove_all(made, ignored);
     throw;
   }
-  for (const std::string& name : written) fs::rename(staging / name, directory / name);
-  const std::set<std::string> kept(written.begin(), written.end());
-  for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
-    const std::string name = entry.path().filename().string();
-    if (is_weight_file(name) && kept.count(name) == 0) fs::remove(entry.path());
-  }
-  utils::fsync_directory(directory);
-  fs::remove_all(staging);
 }
 
 std::string shape_of(const torch::Tensor& tensor) {

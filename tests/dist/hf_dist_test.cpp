@@ -15,6 +15,7 @@
 #include <map>
 #include <utility>
 
+#include "bridge/hf/hf_files_internal.h"
 #include "tests/dist/spawn.h"
 #include "utils/safetensors.h"
 
@@ -210,6 +211,12 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
   for (const auto& entry : fs::directory_iterator(exported)) {
     EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".bridge-export"))) << "a staging folder was left";
   }
+  // What it kept of the source, as the source has it: GPT-2's context is n_positions (the position table's rows), and
+  // Qwen's config.json has no token ids.
+  const bool qwen = family.rfind("qwen", 0) == 0;
+  EXPECT_THAT(exporting.output, HasSubstr(family == "gpt2" ? "kept the token ids and generation_config.json of "
+                                          : qwen           ? "kept the context length (max_position_embeddings "
+                                                 : "kept the token ids, context length (max_position_embeddings "));
   const bool has_tokenizer = family == "llama";  // hf_models.py gives llama alone a tokenizer
   if (has_tokenizer) {
     EXPECT_THAT(exporting.output, HasSubstr("tokenizer.json, tokenizer_config.json"));
@@ -247,6 +254,25 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
     EXPECT_EQ(failing.exit_code, 1) << failing.output;
     EXPECT_THAT(failing.output, HasSubstr("config.json is not JSON"));
     EXPECT_EQ(listing(exported), before) << "a failed export changed the directory";
+    // The kept line names only what was kept: a tokenizer of another directory (--tokenizer) replaces the token ids,
+    // and a source without generation_config.json gives none.
+    const auto retokenized =
+        run_command({BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir", (out / "retokenized").string(),
+                     "--tokenizer", (exported / "tokenizer.json").string()},
+                    std::chrono::seconds(120));
+    ASSERT_EQ(retokenized.exit_code, 0) << retokenized.output;
+    EXPECT_THAT(retokenized.output, AllOf(HasSubstr("kept the context length (max_position_embeddings "),
+                                          HasSubstr("and generation_config.json (with the tokenizer's bos/eos ids)"),
+                                          Not(HasSubstr("token ids,")), Not(HasSubstr("kept the token ids"))));
+    const fs::path bare_source = out / "bare_source";
+    fs::create_directories(bare_source);
+    fs::copy_file(reference(family).hf / "config.json", bare_source / "config.json");
+    const auto bare = run_command({BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir",
+                                   (out / "bare").string(), "--hf-source", bare_source.string()},
+                                  std::chrono::seconds(120));
+    ASSERT_EQ(bare.exit_code, 0) << bare.output;
+    EXPECT_THAT(bare.output, AllOf(HasSubstr("kept the token ids and context length (max_position_embeddings "),
+                                   Not(HasSubstr("generation_config.json of"))));
   }
   fs::remove_all(out);
 }
@@ -320,6 +346,73 @@ TEST(HuggingFaceExportErrors, NamedWithTheirExitCodes) {
                                      std::chrono::seconds(60));
   EXPECT_EQ(no_source.exit_code, 2);
   EXPECT_THAT(no_source.output, HasSubstr("--hf-source " + out.string() + " holds no config.json"));
+  fs::remove_all(out);
+}
+
+// write_directory's failures, called directly: one inside the staging folder leaves an earlier export as it was, a
+// failed first export leaves no directory, and a failed move into place leaves no staging folder; another tokenizer's
+// ids replace the source's pad id too.
+TEST(HuggingFaceExportFiles, AFailedExportLeavesTheDirectoryAsItWas) {
+  using bridge::hf::detail::write_directory;
+  const fs::path out = scratch("export_files");
+  const nlohmann::json config = {{"model_type", "llama"}, {"max_position_embeddings", 64}};
+  const auto no_staging_folder = [](const fs::path& directory) {
+    for (const auto& entry : fs::directory_iterator(directory)) {
+      EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".bridge-export"))) << "a staging folder was left";
+    }
+  };
+  // Two shards of 16 bytes: the earlier export.
+  const fs::path exported = out / "exported";
+  write_directory(exported, {{"a", torch::ones({4})}, {"b", torch::ones({4})}}, config, 16, {});
+  std::ofstream(exported / "README.md") << "a file of the user's\n";
+  const auto before = listing(exported);
+  ASSERT_EQ(before.count("model-00001-of-00002.safetensors"), 1u);
+  // Its second shard's tensor has a dtype safetensors has no name for, so write_safetensors throws once the first
+  // shard (8 bytes of data now) is written. Written in place, that shard would have replaced the earlier export's
+  // model-00001-of-00002.safetensors (another size and time) before the throw, and this listing would differ; only the
+  // staging folder keeps it equal.
+  const std::map<std::string, torch::Tensor> bad = {{"a", torch::zeros({2})},
+                                                    {"b", torch::zeros({4}, torch::kComplexFloat)}};
+  EXPECT_THROW(write_directory(exported, bad, config, 16, {}), std::invalid_argument);
+  EXPECT_EQ(listing(exported), before) << "a failed export changed the directory";
+  no_staging_folder(exported);
+  // A failed first export makes no directory (nor the folders above it that it would have made).
+  EXPECT_THROW(write_directory(out / "new" / "exported", bad, config, 16, {}), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(out / "new"));
+  // A file cannot move onto a directory of its name: the error says how far the move got, and the staging folder goes.
+  const fs::path blocked = out / "blocked";
+  fs::create_directories(blocked / "generation_config.json");
+  try {
+    write_directory(blocked, {{"a", torch::ones({4})}}, config, 16, {});
+    ADD_FAILURE() << "moved a file onto a directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("moving the export into " + blocked.string() + " failed with 1 of its 3"),
+                                HasSubstr("export again")));
+  }
+  no_staging_folder(blocked);
+  // The source's ids and generation_config.json are kept; another tokenizer's bos/eos replace them, pad id included.
+  const fs::path source = out / "source";
+  fs::create_directories(source);
+  std::ofstream(source / "config.json") << R"({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 7})";
+  std::ofstream(source / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 7})";
+  const auto read = [](const fs::path& file) {
+    std::ifstream in(file);
+    return nlohmann::json::parse(in);
+  };
+  bridge::hf::HfArtifacts artifacts;
+  artifacts.source = source;
+  write_directory(out / "same", {{"a", torch::ones({4})}}, config, 16, artifacts);
+  EXPECT_EQ(read(out / "same" / "config.json").value("pad_token_id", -1), 7);
+  EXPECT_EQ(read(out / "same" / "generation_config.json"), read(source / "generation_config.json"));
+  artifacts.bos_token_id = 10;
+  artifacts.eos_token_id = 11;
+  write_directory(out / "other", {{"a", torch::ones({4})}}, config, 16, artifacts);
+  for (const char* file : {"config.json", "generation_config.json"}) {
+    const nlohmann::json written = read(out / "other" / file);
+    EXPECT_EQ(written.value("bos_token_id", -1), 10) << file;
+    EXPECT_EQ(written.value("eos_token_id", -1), 11) << file;
+    EXPECT_FALSE(written.contains("pad_token_id")) << file << " kept the source tokenizer's pad id";
+  }
   fs::remove_all(out);
 }
 
