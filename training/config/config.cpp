@@ -79,12 +79,6 @@ void validate_schedule(const ConfigContainer& config) {
             "scheduler.lr_warmup_fraction must be in [0, 1] (a share of the decay), got " +
                 std::to_string(*s.lr_warmup_fraction));
   }
-  // A key of the other kind of schedule: named with the key that decides the kind, and the key to use instead.
-  struct OtherKind {
-    const char* key;
-    int64_t value;
-    const char* instead;
-  };
   if (t.train_samples) {
     require(*t.train_samples >= t.global_batch_size,
             "train.train_samples (" + str(*t.train_samples) + ") must be at least train.global_batch_size (" +
@@ -93,31 +87,37 @@ void validate_schedule(const ConfigContainer& config) {
                                     str(*t.train_samples) +
                                     ") are both set; keep one, unsetting the other (~train.train_iters or "
                                     "~train.train_samples), as Megatron-Bridge requires");
-    for (const OtherKind& other :
-         {OtherKind{"scheduler.lr_decay_iters", s.lr_decay_iters, "scheduler.lr_decay_samples"},
-          OtherKind{"scheduler.lr_warmup_iters", s.lr_warmup_iters,
-                    "scheduler.lr_warmup_samples or scheduler.lr_warmup_fraction"}}) {
-      require(other.value == 0, std::string(other.key) + " (" + str(other.value) +
-                                    ") counts iterations, but train.train_samples makes the schedule sample-based; "
-                                    "use " +
-                                    other.instead + " and unset it (~" + other.key + ")");
+  }
+  // The schedule's lengths, each counted in iterations or in samples: one of the other kind is an error naming the key
+  // that decides the kind and the key to use instead, and a warmup fraction replaces the warmup length.
+  struct Length {
+    const char* key;
+    int64_t value;
+    bool counts_samples;
+    bool is_warmup;
+    const char* instead;
+  };
+  const bool sample_based = t.train_samples.has_value();
+  for (const Length& length :
+       {Length{"scheduler.lr_decay_iters", s.lr_decay_iters, false, false, "scheduler.lr_decay_samples"},
+        Length{"scheduler.lr_warmup_iters", s.lr_warmup_iters, false, true,
+               "scheduler.lr_warmup_samples or scheduler.lr_warmup_fraction"},
+        Length{"scheduler.lr_decay_samples", s.lr_decay_samples, true, false, "scheduler.lr_decay_iters"},
+        Length{"scheduler.lr_warmup_samples", s.lr_warmup_samples, true, true,
+               "scheduler.lr_warmup_iters or scheduler.lr_warmup_fraction"}}) {
+    if (length.value == 0) continue;
+    const std::string key = length.key;
+    if (length.counts_samples != sample_based) {
+      const std::string why = sample_based
+                                  ? ") counts iterations, but train.train_samples makes the schedule "
+                                    "sample-based; use "
+                                  : ") counts samples, but the schedule is iteration-based (train.train_samples "
+                                    "is not set); set train.train_samples instead of train.train_iters, or use ";
+      throw std::invalid_argument(key + " (" + str(length.value) + why + length.instead + " and unset it (~" + key +
+                                  ")");
     }
-    require(!s.lr_warmup_fraction || s.lr_warmup_samples == 0,
-            "scheduler.lr_warmup_fraction and scheduler.lr_warmup_samples (" + str(s.lr_warmup_samples) +
-                ") are both set; keep one");
-  } else {
-    for (const OtherKind& other :
-         {OtherKind{"scheduler.lr_decay_samples", s.lr_decay_samples, "scheduler.lr_decay_iters"},
-          OtherKind{"scheduler.lr_warmup_samples", s.lr_warmup_samples,
-                    "scheduler.lr_warmup_iters or scheduler.lr_warmup_fraction"}}) {
-      require(other.value == 0, std::string(other.key) + " (" + str(other.value) +
-                                    ") counts samples, but the schedule is iteration-based (train.train_samples is "
-                                    "not set); set train.train_samples instead of train.train_iters, or use " +
-                                    other.instead + " and unset it (~" + other.key + ")");
-    }
-    require(!s.lr_warmup_fraction || s.lr_warmup_iters == 0,
-            "scheduler.lr_warmup_fraction and scheduler.lr_warmup_iters (" + str(s.lr_warmup_iters) +
-                ") are both set; keep one");
+    require(!length.is_warmup || !s.lr_warmup_fraction,
+            "scheduler.lr_warmup_fraction and " + key + " (" + str(length.value) + ") are both set; keep one");
   }
 }
 
