@@ -10,12 +10,14 @@
 //   bridge-export --checkpoint ckpt --hf-dir hf-out --max-shard-size 2GB   # shards of at most 2 GB (default 5GB)
 //   bridge-export --checkpoint ckpt --hf-dir hf-out --tokenizer llama3      # the tokenizer files of llama3/
 //
-// Exit status: 0 written, 1 an unreadable or inconsistent checkpoint or a failed write, 2 bad command line.
+// Exit status: 0 written, 1 an unreadable or inconsistent checkpoint or a failed write, 2 bad command line (a
+// --tokenizer with more ids than the model's vocab_size included).
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -53,6 +55,18 @@ constexpr int kSideFiles = 3;
 
 void warn(const std::string& message) { std::fprintf(stderr, "bridge-export: warning: %s\n", message.c_str()); }
 
+// A tokenizer whose ids the model cannot embed: a bad --tokenizer, so exit 2 though found after the checkpoint is read.
+struct TokenizerTooLarge : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// A JSON file's object; an empty one when it is missing or not an object.
+nlohmann::json read_object(const fs::path& file) {
+  std::ifstream in(file);
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return config.is_object() ? config : nlohmann::json::object();
+}
+
 // A tokenizer's files, by the name each takes in the export, and the config that loads them (for BOS and EOS).
 struct TokenizerFiles {
   std::map<std::string, fs::path> files;
@@ -81,7 +95,7 @@ TokenizerFiles tokenizer_at(const fs::path& path, const std::string& what) {
     const auto has = [&](const char* name) { return tokenizer.files.count(name) > 0; };
     if (has("tokenizer.json")) {
       tokenizer.config = bridge::training::tokenizers::tokenizer_config_of("HuggingFaceTokenizer");
-      tokenizer.config.tokenizer_model = path.string();
+      tokenizer.config.tokenizer_model = fs::absolute(path).string();
     } else if (has("tokenizer.model")) {
       tokenizer.config = bridge::training::tokenizers::tokenizer_config_of("SentencePieceTokenizer");
       tokenizer.config.tokenizer_model = (path / "tokenizer.model").string();
@@ -108,7 +122,8 @@ TokenizerFiles tokenizer_at(const fs::path& path, const std::string& what) {
   tokenizer.files[json_file ? "tokenizer.json" : "tokenizer.model"] = path;
   tokenizer.config =
       bridge::training::tokenizers::tokenizer_config_of(json_file ? "HuggingFaceTokenizer" : "SentencePieceTokenizer");
-  tokenizer.config.tokenizer_model = path.string();
+  // Absolute, so that the loader's messages name a real folder (a bare "my-tokenizer.json" has parent "").
+  tokenizer.config.tokenizer_model = fs::absolute(path).lexically_normal().string();
   return tokenizer;
 }
 
@@ -212,13 +227,53 @@ bridge::hf::HfArtifacts artifacts_for(const bridge::training::ConfigContainer& r
     ids_from = section;
   }
   if (ids_from) {
+    std::shared_ptr<const bridge::training::tokenizers::Tokenizer> loaded;
     try {
-      const auto loaded = bridge::training::tokenizers::shared_tokenizer(*ids_from);
-      artifacts.bos_token_id = loaded->bos();
-      artifacts.eos_token_id = loaded->eod();
+      loaded = bridge::training::tokenizers::shared_tokenizer(*ids_from);
     } catch (const std::exception& e) {
-      warn("config.json and generation_config.json have no bos/eos ids of the tokenizer (" +
-           bridge::utils::describe(e) + ")");
+      warn("the tokenizer cannot be read (" + bridge::utils::describe(e) +
+           "), so config.json and generation_config.json have none of its bos/eos ids");
+    }
+    const int64_t model_vocab = run.model.vocab_size;
+    if (loaded && tokenizer && model_vocab > 0 && loaded->vocab_size() > model_vocab) {
+      // A smaller one is fine: the model's extra rows are padding no id reaches.
+      throw TokenizerTooLarge((tokenizer_flag.empty() ? "the run's tokenizer section (" + section.tokenizer_type + ")"
+                                                      : "--tokenizer " + tokenizer_flag) +
+                              " has " + std::to_string(loaded->vocab_size()) +
+                              " ids (added tokens included), more than the model's " + "vocab_size " +
+                              std::to_string(model_vocab) + " (the checkpoint's model.vocab_size): ids past " +
+                              std::to_string(model_vocab - 1) +
+                              " have no embedding; give --tokenizer the tokenizer the data was made with");
+    }
+    if (loaded) {
+      artifacts.bos_token_id = loaded->bos();
+      try {
+        artifacts.eos_token_id = loaded->eod();
+      } catch (const std::exception& e) {
+        // What config.json gets instead, as write_directory decides it (bridge/hf/hf_files.cpp keep_source_fields).
+        const nlohmann::json theirs =
+            artifacts.source.empty() ? nlohmann::json::object() : read_object(artifacts.source / "config.json");
+        std::string ids;
+        for (const char* key : {"bos_token_id", "eos_token_id"}) {
+          if (theirs.contains(key) && !theirs[key].is_null()) {
+            ids += (ids.empty() ? "" : ", ") + std::string(key) + " " + theirs[key].dump();
+          }
+        }
+        std::string outcome;
+        if (artifacts.bos_token_id) {
+          outcome = "config.json and generation_config.json get its bos_token_id " +
+                    std::to_string(*artifacts.bos_token_id) + " and no eos_token_id";
+        } else if (!ids.empty()) {
+          outcome = "config.json and generation_config.json keep the source's token ids (" + ids +
+                    "), which are this tokenizer's only if it numbers its tokens as the source's does";
+        } else {
+          outcome = "config.json and generation_config.json have no bos/eos ids";
+        }
+        warn(
+            "the tokenizer names no EOS token, so the export's tokenizer has none (AutoTokenizer's eos_token is "
+            "None) and " +
+            outcome + ". To give it one: " + bridge::utils::describe(e));
+      }
     }
   }
   if (!artifacts.eos_token_id && artifacts.source.empty() && run.dataset.eod_token_id) {
@@ -228,14 +283,11 @@ bridge::hf::HfArtifacts artifacts_for(const bridge::training::ConfigContainer& r
 }
 
 // What the export took from the source directory, named only where it did: another directory's tokenizer replaces
-// the token ids, a longer training seq_length the context, and a source without generation_config.json gives none.
-std::string kept_from_source(const bridge::hf::HfArtifacts& artifacts, const fs::path& exported) {
-  const auto read = [](const fs::path& file) {
-    std::ifstream in(file);
-    const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    return config.is_object() ? config : nlohmann::json::object();
-  };
-  const nlohmann::json theirs = read(artifacts.source / "config.json"), ours = read(exported / "config.json");
+// the token ids, a longer training seq_length the context (`longer` then says so), and a source without
+// generation_config.json gives none.
+std::string kept_from_source(const bridge::hf::HfArtifacts& artifacts, const fs::path& exported, std::string& longer) {
+  const nlohmann::json theirs = read_object(artifacts.source / "config.json");
+  const nlohmann::json ours = read_object(exported / "config.json");
   const bool new_ids = artifacts.bos_token_id || artifacts.eos_token_id;
   std::vector<std::string> kept;
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
@@ -248,6 +300,9 @@ std::string kept_from_source(const bridge::hf::HfArtifacts& artifacts, const fs:
   if (context != theirs.end() && !context->is_null() &&
       ours.value("max_position_embeddings", nlohmann::json()) == *context) {
     kept.push_back("context length (max_position_embeddings " + context->dump() + ")");
+  } else if (context != theirs.end() && !context->is_null() && ours.contains("max_position_embeddings")) {
+    longer = "max_position_embeddings " + ours["max_position_embeddings"].dump() +
+             ": the training seq_length, longer than the source's " + context->dump();
   }
   if (fs::exists(artifacts.source / "generation_config.json")) {
     kept.emplace_back(new_ids ? "generation_config.json (with the tokenizer's bos/eos ids)" : "generation_config.json");
@@ -353,9 +408,14 @@ int main(int argc, char** argv) {
                 sharded ? "weight shards and model.safetensors.index.json" : "model.safetensors", beside.c_str(),
                 saved.path.c_str());
     if (!artifacts.source.empty()) {
-      const std::string kept = kept_from_source(artifacts, hf_dir);
+      std::string longer;
+      const std::string kept = kept_from_source(artifacts, hf_dir, longer);
       if (!kept.empty()) std::printf("bridge-export: kept the %s of %s\n", kept.c_str(), artifacts.source.c_str());
+      if (!longer.empty()) std::printf("bridge-export: %s\n", longer.c_str());
     }
+  } catch (const TokenizerTooLarge& e) {
+    std::fprintf(stderr, "bridge-export: error: %s\n", e.what());
+    return kExitBadCommandLine;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bridge-export: error: %s\n", bridge::utils::describe(e).c_str());
     return kExitBadInput;

@@ -2,6 +2,7 @@
 // an export writes beside them.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -75,6 +76,15 @@ bool is_weight_file(const std::string& name) {
   const bool shard = name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
                      fs::path(name).extension() == ".safetensors";
   return shard || name == "model.safetensors" || name == "model.safetensors.index.json";
+}
+
+// The files save_pretrained writes for a tokenizer: an export that writes some removes an earlier export's others, or
+// AutoTokenizer would read them with the new ones (an old tokenizer_config.json's eos_token past the new vocabulary).
+bool is_tokenizer_file(const std::string& name) {
+  static const std::set<std::string> names = {"tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json",
+                                              "added_tokens.json", "tokenizer.model",       "vocab.json",
+                                              "merges.txt",        "chat_template.jinja",   "chat_template.json"};
+  return names.count(name) > 0;
 }
 
 // config.json as the source had it where the export cannot know better: its token ids (a tokenizer of the run's own
@@ -194,9 +204,11 @@ void write_directory(const fs::path& directory, const std::map<std::string, torc
                                "): fix the cause and export again");
     }
     const std::set<std::string> kept(written.begin(), written.end());
+    const bool writes_tokenizer = std::any_of(written.begin(), written.end(), is_tokenizer_file);
     for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
       const std::string name = entry.path().filename().string();
-      if (is_weight_file(name) && kept.count(name) == 0) fs::remove(entry.path());
+      const bool stale = is_weight_file(name) || (writes_tokenizer && is_tokenizer_file(name));
+      if (stale && kept.count(name) == 0) fs::remove(entry.path());
     }
     utils::fsync_directory(directory);
     fs::remove_all(staging);

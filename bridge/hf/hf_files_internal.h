@@ -35,8 +35,9 @@ std::map<std::string, torch::Tensor> read_weights(const std::filesystem::path& d
 /// keeping the source's token ids and context (hf_artifacts.h). Every file is written into a folder of its own in
 /// the directory first and moved into place only when all are written, so a failure leaves the directory as it was
 /// (a failed first export leaves none; a failed move, which the error says, leaves those moved so far); then an earlier
-/// export's weight files that this one does not replace are removed, so that transformers does not read a stale one.
-/// Files of other names are left alone.
+/// export's weight files that this one does not replace are removed, so that transformers does not read a stale one,
+/// and, when this one writes tokenizer files, the earlier one's tokenizer files (tokenizer_config.json, vocab.json,
+/// ...) that it does not write. Files of other names are left alone.
 void write_directory(const std::filesystem::path& directory, const std::map<std::string, torch::Tensor>& tensors,
                      nlohmann::json config, int64_t max_shard_bytes, const HfArtifacts& artifacts);
 

@@ -273,6 +273,62 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
     ASSERT_EQ(bare.exit_code, 0) << bare.output;
     EXPECT_THAT(bare.output, AllOf(HasSubstr("kept the token ids and context length (max_position_embeddings "),
                                    Not(HasSubstr("generation_config.json of"))));
+    // A source whose context is shorter than the training seq_length (32): the export says it wrote the latter.
+    const fs::path short_source = out / "short_source";
+    fs::create_directories(short_source);
+    nlohmann::json short_config;
+    std::ifstream(reference(family).hf / "config.json") >> short_config;
+    short_config["max_position_embeddings"] = 16;
+    std::ofstream(short_source / "config.json") << short_config.dump();
+    const auto shorter = run_command({BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir",
+                                      (out / "short").string(), "--hf-source", short_source.string()},
+                                     std::chrono::seconds(120));
+    ASSERT_EQ(shorter.exit_code, 0) << shorter.output;
+    EXPECT_THAT(shorter.output,
+                AllOf(HasSubstr("max_position_embeddings 32: the training seq_length, longer than the source's 16"),
+                      Not(HasSubstr("context length"))));
+    // A bare tokenizer.json (no tokenizer_config.json beside it), named relative to the working directory, into the
+    // export made above: it has no EOS token, the messages say which ids config.json keeps and name a real folder
+    // for the fix, and the earlier export's tokenizer_config.json goes.
+    const fs::path bare_tokenizer = out / "bare_tokenizer";
+    fs::create_directories(bare_tokenizer);
+    fs::copy_file(exported / "tokenizer.json", bare_tokenizer / "my-tokenizer.json");
+    const auto rebare = run_command(
+        {"sh", "-c",
+         "cd '" + bare_tokenizer.string() + "' && '" + BRIDGE_EXPORT + "' --checkpoint '" + (out / "ckpt").string() +
+             "' --hf-dir '" + exported.string() + "' --tokenizer my-tokenizer.json"},
+        std::chrono::seconds(120));
+    ASSERT_EQ(rebare.exit_code, 0) << rebare.output;
+    EXPECT_THAT(rebare.output, AllOf(HasSubstr("the tokenizer names no EOS token"),
+                                     HasSubstr("keep the source's token ids (bos_token_id 0, eos_token_id 1)"),
+                                     HasSubstr("kept the token ids"), Not(HasSubstr("have no bos/eos ids")),
+                                     HasSubstr(".save_pretrained(\"" + bare_tokenizer.string() + "\")"),
+                                     Not(HasSubstr(".save_pretrained(\"\")"))));
+    EXPECT_FALSE(fs::exists(exported / "tokenizer_config.json")) << "the earlier export's tokenizer_config.json stayed";
+    EXPECT_TRUE(fs::exists(exported / "tokenizer.json"));
+    EXPECT_TRUE(fs::exists(exported / "README.md"));
+    // A tokenizer with more ids than the model's 301 is refused (exit 2) naming both sizes; nothing is written.
+    nlohmann::json larger;
+    std::ifstream(bare_tokenizer / "my-tokenizer.json") >> larger;
+    for (int id = kVocab; id < kVocab + 9; ++id) {
+      larger["added_tokens"].push_back({{"id", id},
+                                        {"content", "<extra_" + std::to_string(id) + ">"},
+                                        {"single_word", false},
+                                        {"lstrip", false},
+                                        {"rstrip", false},
+                                        {"normalized", false},
+                                        {"special", true}});
+    }
+    std::ofstream(bare_tokenizer / "larger.json") << larger.dump();
+    const auto too_large =
+        run_command({BRIDGE_EXPORT, "--checkpoint", (out / "ckpt").string(), "--hf-dir", (out / "too_large").string(),
+                     "--tokenizer", (bare_tokenizer / "larger.json").string()},
+                    std::chrono::seconds(120));
+    EXPECT_EQ(too_large.exit_code, 2) << too_large.output;
+    EXPECT_THAT(too_large.output,
+                HasSubstr("--tokenizer " + (bare_tokenizer / "larger.json").string() +
+                          " has 310 ids (added tokens included), more than the model's vocab_size 301"));
+    EXPECT_FALSE(fs::exists(out / "too_large"));
   }
   fs::remove_all(out);
 }
@@ -412,6 +468,27 @@ TEST(HuggingFaceExportFiles, AFailedExportLeavesTheDirectoryAsItWas) {
     EXPECT_EQ(written.value("bos_token_id", -1), 10) << file;
     EXPECT_EQ(written.value("eos_token_id", -1), 11) << file;
     EXPECT_FALSE(written.contains("pad_token_id")) << file << " kept the source tokenizer's pad id";
+  }
+  // An export that writes tokenizer files removes an earlier export's that it does not write (AutoTokenizer would read
+  // an old tokenizer_config.json's eos_token with the new tokenizer.json); one that writes none keeps them, and a
+  // file of the user's stays.
+  const fs::path tokenized = out / "tokenized";
+  std::ofstream(out / "tokenizer.json") << "{}\n";
+  std::ofstream(out / "tokenizer_config.json") << R"({"eos_token": "[SEP]"})";
+  bridge::hf::HfArtifacts with_config;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) with_config.files[name] = out / name;
+  with_config.texts["special_tokens_map.json"] = "{}\n";
+  write_directory(tokenized, {{"a", torch::ones({4})}}, config, 16, with_config);
+  std::ofstream(tokenized / "README.md") << "a file of the user's\n";
+  write_directory(tokenized, {{"a", torch::ones({4})}}, config, 16, {});
+  EXPECT_TRUE(fs::exists(tokenized / "tokenizer_config.json")) << "an export without a tokenizer removed one";
+  bridge::hf::HfArtifacts bare;
+  bare.files["tokenizer.json"] = out / "tokenizer.json";
+  write_directory(tokenized, {{"a", torch::ones({4})}}, config, 16, bare);
+  EXPECT_TRUE(fs::exists(tokenized / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(tokenized / "README.md"));
+  for (const char* stale : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    EXPECT_FALSE(fs::exists(tokenized / stale)) << stale << " of the earlier export survived";
   }
   fs::remove_all(out);
 }
