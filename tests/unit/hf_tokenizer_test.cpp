@@ -304,6 +304,17 @@ TEST_F(EditedTokenizer, OwnTokenizerFromTheQuicktourToTrainingData) {
     EXPECT_THAT(e.what(), HasSubstr("PreTrainedTokenizerFast(tokenizer_file="));
   }
   EXPECT_FALSE(fs::exists(dir_ / "data")) << "a failed start made the output folder";
+  // Under another file name, the command to copy names that file and its folder (not tokenizer.json, not "").
+  fs::create_directories(dir_ / "renamed");
+  fs::copy_file(dir_ / "tokenizer.json", dir_ / "renamed" / "quicktour.json");
+  try {
+    HuggingFaceTokenizer((dir_ / "renamed" / "quicktour.json").string()).eod();
+    ADD_FAILURE() << "an end-of-document id without an eos_token";
+  } catch (const std::logic_error& e) {
+    const fs::path renamed = fs::absolute(dir_ / "renamed");
+    EXPECT_THAT(e.what(), HasSubstr("tokenizer_file=\"" + (renamed / "quicktour.json").string() + "\""));
+    EXPECT_THAT(e.what(), HasSubstr(".save_pretrained(\"" + renamed.string() + "\")"));
+  }
 
   // Named by hand, one of its own tokens.
   fs::create_directories(dir_ / "by_hand");

@@ -255,7 +255,9 @@ int64_t HuggingFaceTokenizer::eod() const {
   if (!eos_) {
     // A tokenizer trained with the tokenizers library (its quicktour's, for one) has no EOS until transformers'
     // files name one: say how to name one of its special tokens, or add a new one.
-    const fs::path directory = fs::is_directory(path_) ? fs::path(path_) : fs::path(path_).parent_path();
+    // Absolute paths, so that the command to copy names a real folder also for a bare file name ("tok.json").
+    const fs::path file = fs::absolute(fs::is_directory(path_) ? fs::path(path_) / "tokenizer.json" : fs::path(path_));
+    const fs::path directory = file.parent_path();
     std::string specials, example = "</s>";
     for (const AddedToken& token : added_->tokens()) {
       if (!token.special) continue;
@@ -272,8 +274,8 @@ int64_t HuggingFaceTokenizer::eod() const {
         "one of its tokens in " +
         (directory / "tokenizer_config.json").string() + ", e.g. {\"eos_token\": \"" + example + "\"}" +
         (specials.empty() ? "" : " (its special tokens: " + specials + ")") +
-        ", or add a new one with transformers: PreTrainedTokenizerFast(tokenizer_file=\"" +
-        (directory / "tokenizer.json").string() + "\", eos_token=\"</s>\").save_pretrained(\"" + directory.string() +
+        ", or add a new one with transformers: PreTrainedTokenizerFast(tokenizer_file=\"" + file.string() +
+        "\", eos_token=\"</s>\").save_pretrained(\"" + directory.string() +
         "\") (docs/tokenizers.md, \"Your own tokenizer\")");
   }
   return *eos_;
