@@ -339,7 +339,8 @@ int main(int argc, char** argv) {
        cxxopts::value<std::string>()->default_value("5GB"), "SIZE")
       ("tokenizer", "the tokenizer files to write beside the weights: a directory save_pretrained wrote (tokenizer.json, "
        "tokenizer_config.json, special_tokens_map.json, tokenizer.model, vocab.json + merges.txt: those it has), or a "
-       "tokenizer.json or tokenizer.model; default: the run's tokenizer section, else its hf:<dir>'s",
+       "tokenizer.json or tokenizer.model; default: the run's tokenizer section, else its hf:<dir>'s. One with more ids "
+       "than the model's vocab_size is refused (exit 2)",
        cxxopts::value<std::string>(), "DIR-or-FILE")
       ("hf-source", "the Hugging Face directory the run started from, where it is now; default: the run's "
        "checkpoint.pretrained_checkpoint=hf:<dir>. Its generation_config.json, token ids and max_position_embeddings "
