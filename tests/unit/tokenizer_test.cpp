@@ -217,7 +217,7 @@ TEST(BuildTokenizerTest, NamesAndSuggestions) {
   }
   // Names users type for a type suggest it, though spelling distance points elsewhere ("HFTokenizer" is two edits
   // from NullTokenizer); other cases and separators too.
-  for (const auto& [typed, meant] :
+  for (const auto& [typed_name, meant] :
        std::vector<std::pair<std::string, std::string>>{{"HFTokenizer", "HuggingFaceTokenizer"},
                                                         {"HuggingFace", "HuggingFaceTokenizer"},
                                                         {"hf", "HuggingFaceTokenizer"},
@@ -227,6 +227,7 @@ TEST(BuildTokenizerTest, NamesAndSuggestions) {
                                                         {"sentencepiece", "SentencePieceTokenizer"},
                                                         {"LlamaTokenizer", "Llama2Tokenizer"},
                                                         {"bytes", "ByteLevel"}}) {
+    const std::string typed = typed_name;  // a lambda cannot capture a structured binding in C++17 (clang)
     EXPECT_THAT([&] { build(typed); },
                 ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("did you mean " + meant + "?")))
         << typed;
