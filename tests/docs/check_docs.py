@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -211,16 +212,22 @@ def run_print_config(pretrain, command, root):
         environment["PET_MASTER_PORT"] = str(free_port())
         environment.setdefault("OMP_NUM_THREADS", "1")
     command = launcher + [pretrain] + arguments + ["--print-config"]
+    # A session of its own: on a timeout the whole group goes (a launcher's ranks too, not only the launcher).
     try:
-        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=180, env=environment)
-    except subprocess.TimeoutExpired:
-        return f"timed out: {shlex.join(command)}"
+        process = subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=environment, start_new_session=True)
     except OSError as error:
         return f"cannot start: {shlex.join(command)}: {error}"
-    if result.returncode == 0:
+    try:
+        stdout, stderr = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return f"timed out: {shlex.join(command)}"
+    if process.returncode == 0:
         return None
-    output = (result.stderr.strip() or result.stdout.strip())[-3000:].replace("\n", "\n    ")
-    return f"exit {result.returncode}: {shlex.join(command)}\n    {output}"
+    output = (stderr.strip() or stdout.strip())[-3000:].replace("\n", "\n    ")
+    return f"exit {process.returncode}: {shlex.join(command)}\n    {output}"
 
 
 def recipe_comment_lines(path):
