@@ -349,9 +349,10 @@ TEST_F(Cli, HelpListsEveryConfigKey) {
   }
 }
 
-// The launch lines --help prints run as copied: the program as invoked, torchrun with --no_python (else it runs
-// python3 on the program) and the torchrun of bridge's PyTorch, mpirun with its flag for root.
-TEST_F(Cli, HelpsLaunchLinesRunAsCopied) {
+// The launch lines --help prints have what running them as copied needs: the program as invoked, torchrun with
+// --no_python (else it runs python3 on the program) and the torchrun of bridge's PyTorch, mpirun with its flag for
+// root. DocsCommands runs them through their launchers.
+TEST_F(Cli, HelpsLaunchLinesNameTheBuildsTorchrunAndTheirFlags) {
   const RankResult help = run({"--help"});
   ASSERT_EQ(help.exit_code, 0) << help.output;
   std::istringstream lines(help.output);
