@@ -1,5 +1,10 @@
 // The parallel layout as one rank sees it: the global ranks of every group it belongs to, computed from the world
 // size and Megatron's initialize_model_parallel arguments. Pure, so tests check every rank of a job in one process.
+//
+// As in Megatron-Core, two rank generators share the world: the dense one (tp x cp x dp x pp) for attention and
+// every non-expert layer, and the expert one (etp x ep x edp x pp) for MoE experts. Per stage etp x ep x edp =
+// tp x cp x dp: expert parallelism takes its ranks from the dense data- (and, with etp < tp, tensor-) parallel ranks
+// instead of adding GPUs. Both give the same pipeline groups, so a rank is on one stage in either view.
 #pragma once
 
 #include <optional>
@@ -14,10 +19,19 @@ struct ParallelOptions {
   int pipeline_model_parallel_size = 1;
   /// Model chunks per pipeline rank (interleaved 1F1B); needs pipeline_model_parallel_size > 1.
   std::optional<int> virtual_pipeline_model_parallel_size;
-  int context_parallel_size = 1;       ///< Kept in the arithmetic; the layers support only 1 so far.
-  int expert_model_parallel_size = 1;  ///< Likewise.
+  int context_parallel_size = 1;  ///< Kept in the arithmetic; the layers support only 1 so far.
+  /// Ranks the experts of an MoE layer are split over (Megatron's --expert-model-parallel-size); taken out of the
+  /// data- (or, with a smaller expert_tensor_parallel_size, tensor-) parallel ranks, so it needs no extra GPUs.
+  int expert_model_parallel_size = 1;
+  /// Tensor parallelism inside each expert; 0 means tensor_model_parallel_size (Megatron's None). MoE recipes usually
+  /// set 1, which leaves more ranks for expert parallelism. Read it through expert_tensor_parallel_size(options).
+  int expert_tensor_parallel_size = 0;
   std::string order = "tp-cp-ep-dp-pp";
 };
+
+/// The expert tensor-parallel size in effect: options.expert_tensor_parallel_size, or tensor_model_parallel_size
+/// when it is 0.
+int expert_tensor_parallel_size(const ParallelOptions& options);
 
 /// The groups of one rank, each as ascending-by-position global ranks as Megatron lists them.
 struct RankLayout {
@@ -25,6 +39,8 @@ struct RankLayout {
   int rank = 0;
   ParallelOptions options;
   int data_parallel_size = 1;
+  /// world / (expert tp x ep x pp): the ranks that hold the same experts and average their gradients.
+  int expert_data_parallel_size = 1;
 
   std::vector<int> tensor_model_parallel;     ///< "tp"
   std::vector<int> pipeline_model_parallel;   ///< "pp"
@@ -36,15 +52,27 @@ struct RankLayout {
   std::vector<int> embedding;                 ///< first and last pipeline stage; empty if this rank is in neither
   std::vector<int> position_embedding;        ///< first pipeline stage; empty if this rank is not on it
 
+  // The expert generator's groups (Megatron's _EXPERT_* groups).
+  std::vector<int> expert_model_parallel;   ///< "ep": the token dispatcher's all-to-all; each member has other experts
+  std::vector<int> expert_tensor_parallel;  ///< "tp": splits each expert's weights
+  std::vector<int> expert_tensor_and_model_parallel;       ///< "tp-ep": the dispatcher's tp_ep group
+  std::vector<int> expert_tensor_model_pipeline_parallel;  ///< "tp-ep-pp": norms of expert parameters
+  std::vector<int> expert_data_parallel;                   ///< "dp": reduces expert gradients
+
   /// This rank's position in `group` (which must contain it).
   int rank_in(const std::vector<int>& group) const;
   int tensor_model_parallel_rank() const { return rank_in(tensor_model_parallel); }
   int pipeline_model_parallel_rank() const { return rank_in(pipeline_model_parallel); }
   int data_parallel_rank() const { return rank_in(data_parallel); }
+  /// Which slice of the experts this rank holds.
+  int expert_model_parallel_rank() const { return rank_in(expert_model_parallel); }
+  int expert_tensor_parallel_rank() const { return rank_in(expert_tensor_parallel); }
+  int expert_data_parallel_rank() const { return rank_in(expert_data_parallel); }
 };
 
 /// Validates `options` against `world_size` (std::invalid_argument naming the field and the fix) and returns the
-/// layout of `rank`.
+/// layout of `rank`. Refuses, as Megatron-Core does, a world not divisible by expert tp x ep x pp, ep > 1 with
+/// cp > 1, and an order not ending in "pp" whose dense and expert pipeline groups would differ.
 RankLayout compute_rank_layout(int world_size, int rank, const ParallelOptions& options);
 
 }  // namespace bridge::parallel

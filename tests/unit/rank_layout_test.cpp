@@ -1,12 +1,16 @@
 // Rank arithmetic against Megatron-Core: the world=8, tp=2, pp=2 groups from the reference exactly, the closed-form
-// coordinate formula for many layouts, every rank's view in one process, and validation errors.
+// coordinate formula for many layouts, every rank's view in one process, the expert groups of Megatron-Core's
+// expert rank generator (the table of moe_ep.md 2.1), and validation errors.
 #include "parallel/rank_layout.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "parallel/rank_generator.h"
 
@@ -157,6 +161,257 @@ TEST(RankLayout, ValidationNamesTheFieldAndTheFix) {
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("context_parallel_size must be 1 for now")));
   EXPECT_THAT([] { compute_rank_layout(4, 4, {}); },
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("rank 4 is outside the world of 4")));
+}
+
+// The group of `groups` that holds `rank`.
+std::vector<int> holding(const RankGroups& groups, int rank) {
+  for (const auto& group : groups) {
+    if (std::find(group.begin(), group.end(), rank) != group.end()) return group;
+  }
+  return {};
+}
+
+// One row of Megatron-Core's groups for an expert-parallel layout (order tp-cp-ep-dp-pp), every group of each kind.
+struct ExpertRow {
+  std::string name;
+  int world, tp, pp, ep, etp;  // etp 0: the default, = tp
+  RankGroups tp_groups, dp, pp_groups, ep_groups, etp_groups, tp_ep, tp_ep_pp, edp;
+};
+
+// moe_ep.md 2.1's table (generated with Megatron-LM's generate_masked_orthogonal_rank_groups), less the cp row:
+// dense tp / dp / pp and expert ep / etp / tp-ep / edp as listed there. The pp groups of rows without pp are
+// singletons, and tp-ep-pp is tp-ep joined along pp (Megatron's "tp-ep-pp" token on the same generator).
+const std::vector<ExpertRow>& expert_rows() {
+  static const std::vector<ExpertRow> rows = {
+      {"2: TP1 EP2",
+       2,
+       1,
+       1,
+       2,
+       0,
+       {{0}, {1}},
+       {{0, 1}},
+       {{0}, {1}},
+       {{0, 1}},
+       {{0}, {1}},
+       {{0, 1}},
+       {{0, 1}},
+       {{0}, {1}}},
+      {"2: TP2 EP2 ETP1",
+       2,
+       2,
+       1,
+       2,
+       1,
+       {{0, 1}},
+       {{0}, {1}},
+       {{0}, {1}},
+       {{0, 1}},
+       {{0}, {1}},
+       {{0, 1}},
+       {{0, 1}},
+       {{0}, {1}}},
+      {"4: TP2 EP2 ETP1",
+       4,
+       2,
+       1,
+       2,
+       1,
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}}},
+      {"4: TP2 EP2 ETP2",
+       4,
+       2,
+       1,
+       2,
+       2,
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 2}, {1, 3}},
+       {{0, 1}, {2, 3}},
+       {{0, 1, 2, 3}},
+       {{0, 1, 2, 3}},
+       {{0}, {1}, {2}, {3}}},
+      {"4: TP1 EP2 DP4",
+       4,
+       1,
+       1,
+       2,
+       0,
+       {{0}, {1}, {2}, {3}},
+       {{0, 1, 2, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}}},
+      {"4: PP2 EP2",
+       4,
+       1,
+       2,
+       2,
+       0,
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}},
+       {{0, 1}, {2, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 1, 2, 3}},
+       {{0}, {1}, {2}, {3}}},
+  };
+  return rows;
+}
+
+TEST(RankLayout, ExpertGroupsOfEveryRankMatchMegatronCore) {
+  for (const ExpertRow& row : expert_rows()) {
+    ParallelOptions options;
+    options.tensor_model_parallel_size = row.tp;
+    options.pipeline_model_parallel_size = row.pp;
+    options.expert_model_parallel_size = row.ep;
+    options.expert_tensor_parallel_size = row.etp;
+    for (int rank = 0; rank < row.world; ++rank) {
+      SCOPED_TRACE(row.name + ", rank " + std::to_string(rank));
+      const RankLayout layout = compute_rank_layout(row.world, rank, options);
+      EXPECT_EQ(layout.tensor_model_parallel, holding(row.tp_groups, rank));
+      EXPECT_EQ(layout.data_parallel, holding(row.dp, rank));
+      EXPECT_EQ(layout.data_parallel_with_cp, holding(row.dp, rank));  // cp 1: dp-cp is dp
+      EXPECT_EQ(layout.pipeline_model_parallel, holding(row.pp_groups, rank));
+      EXPECT_EQ(layout.expert_model_parallel, holding(row.ep_groups, rank));
+      EXPECT_EQ(layout.expert_tensor_parallel, holding(row.etp_groups, rank));
+      EXPECT_EQ(layout.expert_tensor_and_model_parallel, holding(row.tp_ep, rank));
+      EXPECT_EQ(layout.expert_tensor_model_pipeline_parallel, holding(row.tp_ep_pp, rank));
+      EXPECT_EQ(layout.expert_data_parallel, holding(row.edp, rank));
+      EXPECT_EQ(layout.expert_data_parallel_size, static_cast<int>(row.edp.front().size()));
+      EXPECT_EQ(layout.data_parallel_size, static_cast<int>(row.dp.front().size()));
+      EXPECT_EQ(layout.expert_model_parallel_rank(), layout.rank_in(holding(row.ep_groups, rank)));
+      EXPECT_EQ(layout.expert_tensor_parallel_rank(), layout.rank_in(holding(row.etp_groups, rank)));
+      EXPECT_EQ(layout.expert_data_parallel_rank(), layout.rank_in(holding(row.edp, rank)));
+    }
+  }
+}
+
+// Experts take their ranks from the dense ones: per pipeline stage, expert tp x ep x dp covers the same ranks as
+// tp x dp, and each rank is in exactly one group of each expert kind.
+TEST(RankLayout, ExpertGroupsPartitionTheWorld) {
+  struct Case {
+    int world, tp, pp, ep, etp;
+  };
+  for (const Case& c : std::vector<Case>{{16, 2, 2, 2, 1}, {16, 2, 2, 4, 1}, {16, 4, 1, 2, 2}, {24, 2, 3, 2, 2}}) {
+    SCOPED_TRACE("world " + std::to_string(c.world) + " tp" + std::to_string(c.tp) + " pp" + std::to_string(c.pp) +
+                 " ep" + std::to_string(c.ep) + " etp" + std::to_string(c.etp));
+    ParallelOptions options;
+    options.tensor_model_parallel_size = c.tp;
+    options.pipeline_model_parallel_size = c.pp;
+    options.expert_model_parallel_size = c.ep;
+    options.expert_tensor_parallel_size = c.etp;
+    for (int rank = 0; rank < c.world; ++rank) {
+      const RankLayout layout = compute_rank_layout(c.world, rank, options);
+      EXPECT_EQ(static_cast<int>(layout.expert_model_parallel.size()), c.ep);
+      EXPECT_EQ(static_cast<int>(layout.expert_tensor_parallel.size()), c.etp);
+      EXPECT_EQ(static_cast<int>(layout.expert_data_parallel.size()), c.world / (c.etp * c.ep * c.pp));
+      EXPECT_EQ(static_cast<int>(layout.expert_tensor_and_model_parallel.size()), c.etp * c.ep);
+      EXPECT_EQ(static_cast<int>(layout.expert_tensor_model_pipeline_parallel.size()), c.etp * c.ep * c.pp);
+      // Every expert group but tp-ep-pp lies within this rank's pipeline stage, i.e. within its dense tp-dp group.
+      for (const auto* group : {&layout.expert_model_parallel, &layout.expert_tensor_parallel,
+                                &layout.expert_tensor_and_model_parallel, &layout.expert_data_parallel}) {
+        for (int member : *group) {
+          EXPECT_THAT(layout.tensor_and_data_parallel, ::testing::Contains(member));
+        }
+      }
+      // The coordinates (etp rank, ep rank, edp rank) name the rank within its stage uniquely.
+      EXPECT_EQ(layout.expert_tensor_parallel_rank() +
+                    c.etp * (layout.expert_model_parallel_rank() + c.ep * layout.expert_data_parallel_rank()),
+                layout.rank_in(layout.tensor_and_data_parallel));
+    }
+  }
+}
+
+// With ep 1 and expert tp = tp the expert generator is the dense one: parallel_state then shares the dense groups.
+TEST(RankLayout, WithoutExpertParallelismTheExpertGroupsAreTheDenseOnes) {
+  ParallelOptions options;
+  options.tensor_model_parallel_size = 2;
+  options.pipeline_model_parallel_size = 2;
+  for (int rank = 0; rank < 8; ++rank) {
+    SCOPED_TRACE(rank);
+    const RankLayout layout = compute_rank_layout(8, rank, options);
+    EXPECT_EQ(layout.expert_data_parallel_size, layout.data_parallel_size);
+    EXPECT_EQ(layout.expert_model_parallel, std::vector<int>{rank});
+    EXPECT_EQ(layout.expert_tensor_parallel, layout.tensor_model_parallel);
+    EXPECT_EQ(layout.expert_tensor_and_model_parallel, layout.tensor_model_parallel);
+    EXPECT_EQ(layout.expert_tensor_model_pipeline_parallel, layout.model_parallel);
+    EXPECT_EQ(layout.expert_data_parallel, layout.data_parallel);
+  }
+}
+
+TEST(RankLayout, ExpertTensorParallelSizeDefaultsToTensorParallel) {
+  ParallelOptions options;
+  options.tensor_model_parallel_size = 2;
+  EXPECT_EQ(expert_tensor_parallel_size(options), 2);
+  options.expert_tensor_parallel_size = 1;
+  EXPECT_EQ(expert_tensor_parallel_size(options), 1);
+}
+
+TEST(RankLayout, ExpertValidationNamesTheFieldAndTheFix) {
+  ParallelOptions options;
+  options.tensor_model_parallel_size = 2;
+  options.expert_model_parallel_size = 2;
+  // moe_ep.md's note: with TP2 on 2 ranks the default expert tp of 2 needs 4 ranks.
+  EXPECT_THAT([&] { compute_rank_layout(2, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("world size 2 is not divisible by expert_tensor_parallel_size (2) x "
+                            "expert_model_parallel_size (2) x pipeline_model_parallel_size (1); set "
+                            "expert_tensor_parallel_size 1 (it defaults to tensor_model_parallel_size) or launch a "
+                            "multiple of 4 ranks")));
+  options.expert_tensor_parallel_size = 1;
+  EXPECT_NO_THROW(compute_rank_layout(2, 0, options));
+  options = {};
+  options.expert_model_parallel_size = 3;
+  EXPECT_THAT([&] { compute_rank_layout(4, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr(
+                  "world size 4 is not divisible by expert_tensor_parallel_size (1) x "
+                  "expert_model_parallel_size (3) x pipeline_model_parallel_size (1); launch a multiple of 3")));
+  options = {};
+  options.expert_model_parallel_size = 0;
+  EXPECT_THAT([&] { compute_rank_layout(2, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("expert_model_parallel_size must be >= 1")));
+  options = {};
+  options.expert_tensor_parallel_size = -1;
+  EXPECT_THAT([&] { compute_rank_layout(2, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("expert_tensor_parallel_size must be >= 1")));
+  options = {};
+  options.expert_model_parallel_size = 2;
+  options.context_parallel_size = 2;
+  EXPECT_THAT([&] { compute_rank_layout(4, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("expert_model_parallel_size (2) and context_parallel_size (2) cannot both exceed 1")));
+}
+
+// Megatron-Core's two assertions on orders that do not end in pp: equal data-parallel sizes, equal pipeline groups.
+TEST(RankLayout, ExpertAndDenseLayersShareThePipelineGroups) {
+  ParallelOptions options;
+  options.tensor_model_parallel_size = 2;
+  options.pipeline_model_parallel_size = 2;
+  options.expert_tensor_parallel_size = 1;
+  options.order = "tp-pp-ep-dp";
+  EXPECT_THAT([&] { compute_rank_layout(4, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("the expert data-parallel size (2) must equal the data-parallel size (1)")));
+  options.expert_model_parallel_size = 2;  // now both data-parallel sizes are 2, but tp 2 vs expert tp 1 moves pp
+  EXPECT_THAT([&] { compute_rank_layout(8, 0, options); },
+              ::testing::ThrowsMessage<std::logic_error>(
+                  HasSubstr("the pipeline groups of the dense layers and of the experts differ")));
+  options.order = "tp-ep-pp-dp";  // expert tp x ep = tp: the pipeline strides agree
+  EXPECT_EQ(compute_rank_layout(8, 0, options).pipeline_model_parallel, (std::vector<int>{0, 2}));
+  EXPECT_EQ(compute_rank_layout(8, 0, options).expert_model_parallel, (std::vector<int>{0, 1}));
 }
 
 }  // namespace
