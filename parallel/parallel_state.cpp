@@ -1,11 +1,15 @@
 // parallel_state: the process-wide groups of this rank, created in one fixed order on every rank so that no two
-// ranks wait on each other's groups.
+// ranks wait on each other's groups. An expert group with the same ranks as a group already made shares it.
 #include "parallel/parallel_state.h"
 
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/distributed.h"
+#include "utils/strings.h"
 
 namespace bridge::parallel {
 namespace {
@@ -14,6 +18,8 @@ struct State {
   RankLayout layout;
   std::shared_ptr<ProcessGroup> tensor, pipeline, data, data_with_cp, context, model, tensor_and_data, embedding,
       position_embedding;
+  std::shared_ptr<ProcessGroup> expert_model, expert_tensor, expert_tensor_and_model, expert_tensor_model_pipeline,
+      expert_data;
   std::optional<int> virtual_pipeline_rank;  // set iff there is a virtual pipeline, as in Megatron
 };
 
@@ -29,6 +35,44 @@ State& require_state(const char* caller) {
   }
   return *state();
 }
+
+using GroupField = std::vector<int> RankLayout::*;
+
+// Makes groups that may repeat one already made (ep 1 with expert tp = tp repeats every dense group; ep = tp with
+// expert tp 1 makes ep = tp and expert dp = dp), sharing it instead of opening a second Gloo mesh over the same ranks.
+// Members must create common groups in the same order, so whether two kinds coincide is read from rank 0's layout,
+// which every rank computes alike: every rank then calls new_group for the same kinds. The groups are masked
+// orthogonal, each kind tiling the world with shifted copies of one rank pattern; when rank 0's groups of two kinds
+// are equal, so is the pattern and hence every rank's pair, which make() checks.
+class GroupReuse {
+ public:
+  GroupReuse(const RankLayout& mine, const RankLayout& rank0) : mine_(mine), rank0_(rank0) {}
+
+  /// Offers `group`, made for `field`, for reuse.
+  void add(GroupField field, std::shared_ptr<ProcessGroup> group) { made_.emplace_back(field, std::move(group)); }
+
+  /// The group of `field`: one already made for the same ranks, or a new one named `name`.
+  std::shared_ptr<ProcessGroup> make(const std::string& name, GroupField field) {
+    for (const auto& [made_field, group] : made_) {
+      if (rank0_.*made_field != rank0_.*field) continue;
+      if (mine_.*made_field != mine_.*field) {
+        throw std::logic_error("initialize_model_parallel: group '" + name + "' of rank " + std::to_string(mine_.rank) +
+                               " is [" + utils::join(mine_.*field, ", ") + "], not the group [" +
+                               utils::join(mine_.*made_field, ", ") +
+                               "] it shares on rank 0; the ranks would create different groups");
+      }
+      return group;
+    }
+    std::shared_ptr<ProcessGroup> group = new_group(name, mine_.*field);
+    add(field, group);
+    return group;
+  }
+
+ private:
+  const RankLayout& mine_;
+  const RankLayout& rank0_;
+  std::vector<std::pair<GroupField, std::shared_ptr<ProcessGroup>>> made_;
+};
 
 }  // namespace
 
@@ -51,6 +95,21 @@ void initialize_model_parallel(const ParallelOptions& options) {
   s->tensor_and_data = new_group("tp-dp", l.tensor_and_data_parallel);
   if (!l.embedding.empty()) s->embedding = new_group("embd", l.embedding);
   if (!l.position_embedding.empty()) s->position_embedding = new_group("pos-embd", l.position_embedding);
+  // The expert generator's groups, in this order on every rank. A shared group keeps its first name in errors.
+  const RankLayout rank0 = compute_rank_layout(l.world_size, 0, options);
+  GroupReuse reuse(l, rank0);
+  reuse.add(&RankLayout::tensor_model_parallel, s->tensor);
+  reuse.add(&RankLayout::pipeline_model_parallel, s->pipeline);
+  reuse.add(&RankLayout::data_parallel, s->data);
+  reuse.add(&RankLayout::data_parallel_with_cp, s->data_with_cp);
+  reuse.add(&RankLayout::context_parallel, s->context);
+  reuse.add(&RankLayout::model_parallel, s->model);
+  reuse.add(&RankLayout::tensor_and_data_parallel, s->tensor_and_data);
+  s->expert_model = reuse.make("ep", &RankLayout::expert_model_parallel);
+  s->expert_tensor = reuse.make("etp", &RankLayout::expert_tensor_parallel);
+  s->expert_tensor_and_model = reuse.make("tp-ep", &RankLayout::expert_tensor_and_model_parallel);
+  s->expert_tensor_model_pipeline = reuse.make("tp-ep-pp", &RankLayout::expert_tensor_model_pipeline_parallel);
+  s->expert_data = reuse.make("edp", &RankLayout::expert_data_parallel);
   if (options.virtual_pipeline_model_parallel_size) s->virtual_pipeline_rank = 0;
   state() = std::move(s);
 }
@@ -152,5 +211,28 @@ ProcessGroup* get_position_embedding_group() {
   return require_state("get_position_embedding_group").position_embedding.get();
 }
 bool is_rank_in_position_embedding_group() { return get_position_embedding_group() != nullptr; }
+
+ProcessGroup& get_expert_model_parallel_group() {
+  return *require_state("get_expert_model_parallel_group").expert_model;
+}
+int get_expert_model_parallel_rank() { return get_expert_model_parallel_group().rank(); }
+int get_expert_model_parallel_world_size() { return get_expert_model_parallel_group().size(); }
+
+ProcessGroup& get_expert_tensor_parallel_group() {
+  return *require_state("get_expert_tensor_parallel_group").expert_tensor;
+}
+int get_expert_tensor_parallel_rank() { return get_expert_tensor_parallel_group().rank(); }
+int get_expert_tensor_parallel_world_size() { return get_expert_tensor_parallel_group().size(); }
+
+ProcessGroup& get_expert_tensor_and_model_parallel_group() {
+  return *require_state("get_expert_tensor_and_model_parallel_group").expert_tensor_and_model;
+}
+ProcessGroup& get_expert_tensor_model_pipeline_parallel_group() {
+  return *require_state("get_expert_tensor_model_pipeline_parallel_group").expert_tensor_model_pipeline;
+}
+
+ProcessGroup& get_expert_data_parallel_group() { return *require_state("get_expert_data_parallel_group").expert_data; }
+int get_expert_data_parallel_rank() { return get_expert_data_parallel_group().rank(); }
+int get_expert_data_parallel_world_size() { return get_expert_data_parallel_group().size(); }
 
 }  // namespace bridge::parallel

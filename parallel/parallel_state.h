@@ -1,6 +1,7 @@
 // Megatron-Core's parallel_state: initialize_model_parallel creates this rank's tensor-, pipeline-, data- and
-// model-parallel groups, the embedding group (first and last pipeline stage) and the position-embedding group
-// (first stage), and the getters answer by Megatron's names.
+// model-parallel groups, the embedding group (first and last pipeline stage), the position-embedding group (first
+// stage) and the expert groups of MoE layers (expert-model, expert-tensor and expert-data parallel, see
+// rank_layout.h), and the getters answer by Megatron's names.
 //
 //   bridge::parallel::init_distributed();
 //   bridge::parallel::initialize_model_parallel(/*tp=*/2, /*pp=*/2);
@@ -64,5 +65,25 @@ bool is_rank_in_embedding_group(bool ignore_virtual = false);
 /// The position-embedding group, or nullptr on a rank outside it.
 ProcessGroup* get_position_embedding_group();
 bool is_rank_in_position_embedding_group();
+
+/// Expert parallelism (options.expert_model_parallel_size): the ranks that hold different experts of one MoE layer and
+/// exchange tokens with an all-to-all; the rank says which experts this rank holds.
+ProcessGroup& get_expert_model_parallel_group();
+int get_expert_model_parallel_rank();
+int get_expert_model_parallel_world_size();
+/// Tensor parallelism inside each expert (expert_tensor_parallel_size(options)): splits one expert's weights, as the
+/// tensor-parallel group splits a dense layer's.
+ProcessGroup& get_expert_tensor_parallel_group();
+int get_expert_tensor_parallel_rank();
+int get_expert_tensor_parallel_world_size();
+/// Expert tensor x expert model parallel: the token dispatcher's group, all ranks that share one layer's experts.
+ProcessGroup& get_expert_tensor_and_model_parallel_group();
+/// Expert tensor x expert model x pipeline: the expert "model-parallel" group, which reduces the norms of expert
+/// parameters and gradients as get_model_parallel_group() does for dense ones.
+ProcessGroup& get_expert_tensor_model_pipeline_parallel_group();
+/// The ranks that hold the same experts: expert gradients are reduced over it instead of the data-parallel group.
+ProcessGroup& get_expert_data_parallel_group();
+int get_expert_data_parallel_rank();
+int get_expert_data_parallel_world_size();
 
 }  // namespace bridge::parallel

@@ -1,4 +1,5 @@
-// Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group, a rank that
+// Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group (the expert
+// groups of MoE layers too, each either a dense group's own object or a group of its own), a rank that
 // dies makes the others fail with a clear error within the timeout, and a rendezvous that cannot complete (a rank
 // missing, a wrong MASTER_PORT, the torchrun of another PyTorch) fails in one line within its own shorter limit.
 #include <gmock/gmock.h>
@@ -34,6 +35,22 @@ TEST(Distributed, FourRanksTp2Pp2) {
 
 TEST(Distributed, EightRanksTp2Pp2Dp2) {
   expect_all_ok(run_ranks(kWorker, {"groups", "2", "2"}, 8, std::chrono::seconds(300)));
+}
+
+// Megatron-Core's expert groups (moe_ep.md 2.1): tp 1 with ep 2 on 2 ranks reuses dense groups only; on 4 ranks the
+// ep and expert-dp groups are new; tp 2 with ep 2 and expert tp 1 reuses the dense ones; with pp 2, tp-ep-pp is new.
+TEST(Distributed, TwoRanksExpertParallel) {
+  expect_all_ok(run_ranks(kWorker, {"expert", "1", "1", "2", "0"}, 2, std::chrono::seconds(120)));
+}
+
+TEST(Distributed, FourRanksExpertParallel) {
+  for (const std::vector<std::string>& sizes : std::vector<std::vector<std::string>>{
+           {"1", "1", "2", "0"}, {"2", "1", "2", "1"}, {"1", "2", "2", "0"}, {"2", "1", "2", "2"}}) {
+    std::vector<std::string> args = {"expert"};
+    args.insert(args.end(), sizes.begin(), sizes.end());
+    SCOPED_TRACE("tp pp ep etp " + sizes[0] + " " + sizes[1] + " " + sizes[2] + " " + sizes[3]);
+    expect_all_ok(run_ranks(kWorker, args, 4, std::chrono::seconds(180)));
+  }
 }
 
 // The seconds a worker reports in "caught after <s> s", or -1.

@@ -3,6 +3,8 @@
 //   dist_worker groups <tp> <pp> [timeout_ms] [vpp]
 //                                               initialise, build the parallel groups, and check every collective
 //                                               on every group against values computed from the global ranks
+//   dist_worker expert <tp> <pp> <ep> <etp>     the same with expert parallelism (etp 0: = tp), and that each
+//                                               expert group with a dense group's ranks shares its object
 //   dist_worker reinit                          tp=2 groups, then pp=2 groups, then a new world, in one process
 //   dist_worker dead_rank [timeout_ms]          the last rank dies; every other rank must get a CommunicationError
 //   dist_worker stalled_rank [timeout_ms]       the last rank lives (for 3x the timeout) but skips the collective;
@@ -156,6 +158,20 @@ void check_all_groups(int pp) {
   expect((get_embedding_group() != nullptr) == !expected.embedding.empty(), "embedding membership");
   if (ProcessGroup* embedding = get_embedding_group()) check_group(*embedding, expected.embedding);
   if (ProcessGroup* position = get_position_embedding_group()) check_group(*position, expected.position_embedding);
+  check_group(get_expert_model_parallel_group(), expected.expert_model_parallel);
+  check_group(get_expert_tensor_parallel_group(), expected.expert_tensor_parallel);
+  check_group(get_expert_tensor_and_model_parallel_group(), expected.expert_tensor_and_model_parallel);
+  check_group(get_expert_tensor_model_pipeline_parallel_group(), expected.expert_tensor_model_pipeline_parallel);
+  check_group(get_expert_data_parallel_group(), expected.expert_data_parallel);
+  expect(get_expert_model_parallel_rank() == expected.expert_model_parallel_rank() &&
+             get_expert_model_parallel_world_size() == expected.options.expert_model_parallel_size,
+         "expert model-parallel rank and size");
+  expect(get_expert_tensor_parallel_rank() == expected.expert_tensor_parallel_rank() &&
+             get_expert_tensor_parallel_world_size() == expert_tensor_parallel_size(expected.options),
+         "expert tensor-parallel rank and size");
+  expect(get_expert_data_parallel_rank() == expected.expert_data_parallel_rank() &&
+             get_expert_data_parallel_world_size() == expected.expert_data_parallel_size,
+         "expert data-parallel rank and size");
   const int stage = get_pipeline_model_parallel_rank();
   if (const std::optional<int> chunks = get_virtual_pipeline_model_parallel_world_size()) {
     for (int chunk = 0; chunk < *chunks; ++chunk) {  // first/last stage also mean first/last model chunk
@@ -192,6 +208,48 @@ int run_groups(int tp, int pp, std::chrono::milliseconds timeout, std::optional<
   check_all_groups(pp);
   report();
   destroy_distributed();  // releases the model-parallel groups too
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Expert groups with the ranks of a dense group share its object (no second Gloo mesh over the same ranks); the others
+// are groups of their own.
+void check_expert_groups_shared() {
+  const std::vector<ProcessGroup*> dense = {&get_tensor_model_parallel_group(),   &get_pipeline_model_parallel_group(),
+                                            &get_data_parallel_group(),           &get_data_parallel_group(true),
+                                            &get_context_parallel_group(),        &get_model_parallel_group(),
+                                            &get_tensor_and_data_parallel_group()};
+  const std::vector<ProcessGroup*> expert = {&get_expert_model_parallel_group(), &get_expert_tensor_parallel_group(),
+                                             &get_expert_tensor_and_model_parallel_group(),
+                                             &get_expert_tensor_model_pipeline_parallel_group(),
+                                             &get_expert_data_parallel_group()};
+  for (ProcessGroup* group : expert) {
+    bool same_ranks = false, same_object = false;
+    for (ProcessGroup* d : dense) {
+      same_ranks = same_ranks || d->global_ranks() == group->global_ranks();
+      same_object = same_object || d == group;
+    }
+    expect(same_ranks == same_object,
+           "expert group [" + bridge::utils::join(group->global_ranks(), ",") + "] " +
+               (same_ranks ? "is a second group over a dense group's ranks" : "is a dense group with other ranks"));
+  }
+}
+
+int run_expert(int tp, int pp, int ep, int etp) {
+  init_distributed({Backend::kGloo, std::chrono::seconds(60)});
+  ParallelOptions options;
+  options.tensor_model_parallel_size = tp;
+  options.pipeline_model_parallel_size = pp;
+  options.expert_model_parallel_size = ep;
+  options.expert_tensor_parallel_size = etp;
+  initialize_model_parallel(options);
+  check_all_groups(pp);
+  check_expert_groups_shared();
+  std::printf("rank %d of %d: ep %d/%d etp %d/%d edp %d/%d: %s\n", get_rank(), get_world_size(),
+              get_expert_model_parallel_rank(), get_expert_model_parallel_world_size(),
+              get_expert_tensor_parallel_rank(), get_expert_tensor_parallel_world_size(),
+              get_expert_data_parallel_rank(), get_expert_data_parallel_world_size(),
+              g_failures == 0 ? "ok" : "FAILED");
+  destroy_distributed();
   return g_failures == 0 ? 0 : 1;
 }
 
@@ -282,6 +340,9 @@ int main(int argc, char** argv) {
       const std::optional<int> vpp = argc > 5 ? std::optional<int>(std::atoi(argv[5])) : std::nullopt;
       return run_groups(std::atoi(argv[2]), std::atoi(argv[3]), timeout, vpp);
     }
+    if (scenario == "expert" && argc >= 6) {
+      return run_expert(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+    }
     if (scenario == "reinit") return run_reinit();
     if (scenario == "dead_rank") {
       return run_dead_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 5000));
@@ -290,7 +351,9 @@ int main(int argc, char** argv) {
     if (scenario == "stalled_rank") {
       return run_stalled_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 3000));
     }
-    std::fprintf(stderr, "usage: dist_worker groups <tp> <pp> [timeout_ms] | dead_rank|stalled_rank [timeout_ms]\n");
+    std::fprintf(stderr,
+                 "usage: dist_worker groups <tp> <pp> [timeout_ms] | expert <tp> <pp> <ep> <etp> | "
+                 "dead_rank|stalled_rank [timeout_ms]\n");
     return 2;
   } catch (const std::exception& error) {
     std::printf("error: %s\n", error.what());
