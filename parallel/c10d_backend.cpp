@@ -217,6 +217,18 @@ class C10dGroup final : public GroupBackend {
     run_to_completion([&] { return group_->broadcast(tensors, options); }, timeout_);
   }
 
+  // alltoall_base has the same signature in 1.13 and 2.x (where it forwards to all_to_all_single). Gloo takes CUDA
+  // tensors here as in its other collectives (it copies them through host memory itself); NCCL takes them directly.
+  void all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                  const std::vector<int64_t>& input_split_sizes) override {
+    at::Tensor source = input.contiguous();
+    std::vector<int64_t> output_splits = output_split_sizes, input_splits = input_split_sizes;
+    c10d::AllToAllOptions options;
+    options.timeout = timeout_;
+    run_to_completion([&] { return group_->alltoall_base(output, source, output_splits, input_splits, options); },
+                      timeout_);
+  }
+
   void send(torch::Tensor& tensor, int dst, int tag) override { isend(tensor, dst, tag)->wait(); }
 
   void recv(torch::Tensor& tensor, int src, int tag) override { irecv(tensor, src, tag)->wait(); }
@@ -352,6 +364,10 @@ class DeviceDispatchGroup final : public GroupBackend {
     for_tensor(output).reduce_scatter(output, inputs, op);
   }
   void broadcast(torch::Tensor& tensor, int root) override { for_tensor(tensor).broadcast(tensor, root); }
+  void all_to_all(torch::Tensor& output, const torch::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                  const std::vector<int64_t>& input_split_sizes) override {
+    for_tensor(input).all_to_all(output, input, output_split_sizes, input_split_sizes);
+  }
   void send(torch::Tensor& tensor, int dst, int tag) override { for_tensor(tensor).send(tensor, dst, tag); }
   void recv(torch::Tensor& tensor, int src, int tag) override { for_tensor(tensor).recv(tensor, src, tag); }
   std::unique_ptr<PendingWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "utils/exception_message.h"
@@ -135,6 +136,63 @@ void ProcessGroup::recv(torch::Tensor& tensor, int peer, int tag) {
 
 void ProcessGroup::barrier() {
   if (impl_) run("barrier", [&] { impl_->barrier(); });
+}
+
+namespace {
+
+// Checks `splits` (one per member of a group of `size`; `name` in errors) and returns their sum. `rows`, when given,
+// is the number of rows they must cover.
+int64_t checked_split_sum(const std::vector<int64_t>& splits, int size, std::optional<int64_t> rows,
+                          const std::string& what, const std::string& name) {
+  if (static_cast<int>(splits.size()) != size) {
+    throw std::invalid_argument(what + ": " + name + " has " + std::to_string(splits.size()) +
+                                " entries; give one per member (" + std::to_string(size) +
+                                "), or none for equal splits");
+  }
+  int64_t sum = 0;
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    if (splits[i] < 0) {
+      throw std::invalid_argument(what + ": " + name + "[" + std::to_string(i) + "] is " + std::to_string(splits[i]) +
+                                  "; split sizes count rows of dim 0 and must not be negative");
+    }
+    sum += splits[i];
+  }
+  if (rows && sum != *rows) {
+    throw std::invalid_argument(what + ": " + name + " [" + utils::join(splits, ", ") + "] sum to " +
+                                std::to_string(sum) + " rows but dim 0 of the input has " + std::to_string(*rows) +
+                                "; the input splits must cover the input's rows exactly");
+  }
+  return sum;
+}
+
+}  // namespace
+
+torch::Tensor ProcessGroup::all_to_all(const torch::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                                       const std::vector<int64_t>& input_split_sizes) {
+  const std::string what = "all_to_all on group '" + name_ + "'";
+  if (input.dim() == 0) throw std::invalid_argument(what + ": the input is a scalar; splits count rows of dim 0");
+  const int64_t rows = input.size(0);
+  if (!input_split_sizes.empty()) checked_split_sum(input_split_sizes, size(), rows, what, "input_split_sizes");
+  const int64_t output_rows = output_split_sizes.empty() ? rows
+                                                         : checked_split_sum(output_split_sizes, size(), std::nullopt,
+                                                                             what, "output_split_sizes");
+  if ((input_split_sizes.empty() || output_split_sizes.empty()) && rows % size() != 0) {
+    throw std::invalid_argument(what + ": dim 0 of the input (" + std::to_string(rows) + ") must split into " +
+                                std::to_string(size()) +
+                                " equal chunks when a split vector is empty; give both split vectors for uneven "
+                                "splits");
+  }
+  if (!impl_ && output_rows != rows) {
+    throw std::invalid_argument(what + ": a group of one receives its own " + std::to_string(rows) +
+                                " rows, but output_split_sizes asks for " + std::to_string(output_rows));
+  }
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes[0] = output_rows;
+  torch::Tensor output = torch::empty(sizes, input.options());
+  if (!impl_) return output.copy_(input);
+  const torch::Tensor contiguous = input.contiguous();
+  run("all_to_all", [&] { impl_->all_to_all(output, contiguous, output_split_sizes, input_split_sizes); });
+  return output;
 }
 
 Work ProcessGroup::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {

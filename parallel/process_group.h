@@ -72,6 +72,12 @@ class GroupBackend {
   virtual void send(torch::Tensor& tensor, int dst, int tag) = 0;
   virtual void recv(torch::Tensor& tensor, int src, int tag) = 0;
   virtual void barrier() = 0;
+  /// All-to-all over rows of dim 0 (c10d's alltoall_base): rows [sum(input_split_sizes[:j]), + input_split_sizes[j])
+  /// of contiguous `input` go to member j, and member i's rows land in contiguous, preallocated `output` at row
+  /// sum(output_split_sizes[:i]). An empty split vector means size() equal splits. Blocks until done.
+  virtual void all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                          const std::vector<int64_t>& output_split_sizes,
+                          const std::vector<int64_t>& input_split_sizes) = 0;
   /// Starts every op of `ops` as one batch: NCCL groups them (ncclGroupStart/End through c10d's coalescing) and
   /// returns one work for all; Gloo starts them one by one and returns one work each. Never null entries.
   virtual std::vector<std::unique_ptr<PendingWork>> batch_isend_irecv(std::vector<P2POp>& ops) = 0;
@@ -139,6 +145,17 @@ class ProcessGroup {
   void send(const torch::Tensor& tensor, int peer, int tag = 0);
   void recv(torch::Tensor& tensor, int peer, int tag = 0);
   void barrier();
+  /// Megatron's all_to_all (torch.distributed.all_to_all_single), for MoE token dispatch: this rank's `input` rows
+  /// [sum(input_split_sizes[:j]), + input_split_sizes[j]) go to group rank j, and the result holds, in group-rank
+  /// order, output_split_sizes[i] rows from each rank i. Splits count rows of dim 0; an empty vector means size()
+  /// equal splits (dim 0 must then divide by size()). Returns a new contiguous tensor: dim 0 is the sum of
+  /// output_split_sizes (input.size(0) when empty), the other dims the input's. Each vector must have size() entries,
+  /// none negative, and the input splits must sum to input.size(0) (else std::invalid_argument). That
+  /// output_split_sizes[i] here equals input_split_sizes[rank()] on rank i is the caller's to ensure, as in torch: a
+  /// mismatch fails with CommunicationError (at the latest once the timeout passes) or leaves the result unspecified.
+  /// A group of one returns a copy.
+  torch::Tensor all_to_all(const torch::Tensor& input, const std::vector<int64_t>& output_split_sizes = {},
+                           const std::vector<int64_t>& input_split_sizes = {});
 
   /// Starts an in-place all-reduce of contiguous `tensor` and returns at once; wait() on the result.
   Work all_reduce_async(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

@@ -1,5 +1,6 @@
 // Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group (the expert
-// groups of MoE layers too, each either a dense group's own object or a group of its own), a rank that
+// groups of MoE layers too, each either a dense group's own object or a group of its own; 2 and 3 ranks the uneven
+// all-to-all of MoE token dispatch), a rank that
 // dies makes the others fail with a clear error within the timeout, and a rendezvous that cannot complete (a rank
 // missing, a wrong MASTER_PORT, the torchrun of another PyTorch) fails in one line within its own shorter limit.
 #include <gmock/gmock.h>
@@ -51,6 +52,15 @@ TEST(Distributed, FourRanksExpertParallel) {
     SCOPED_TRACE("tp pp ep etp " + sizes[0] + " " + sizes[1] + " " + sizes[2] + " " + sizes[3]);
     expect_all_ok(run_ranks(kWorker, args, 4, std::chrono::seconds(180)));
   }
+}
+
+// ProcessGroup::all_to_all with uneven splits (zero ones, a rank that sends nothing), both ways, on real ranks.
+TEST(Distributed, AllToAllUnevenSplitsTwoRanks) {
+  expect_all_ok(run_ranks(kWorker, {"all_to_all"}, 2, std::chrono::seconds(120)));
+}
+
+TEST(Distributed, AllToAllUnevenSplitsThreeRanks) {
+  expect_all_ok(run_ranks(kWorker, {"all_to_all"}, 3, std::chrono::seconds(120)));
 }
 
 // The seconds a worker reports in "caught after <s> s", or -1.

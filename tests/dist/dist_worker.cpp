@@ -9,6 +9,9 @@
 //   dist_worker dead_rank [timeout_ms]          the last rank dies; every other rank must get a CommunicationError
 //   dist_worker stalled_rank [timeout_ms]       the last rank lives (for 3x the timeout) but skips the collective;
 //                                               the others must fail with a CommunicationError once it has passed
+//   dist_worker all_to_all                      ProcessGroup::all_to_all on the world group with uneven splits (some
+//                                               zero, one rank sending nothing), both ways, against values computed
+//                                               from the ranks; equal splits; a group of one; bad splits' errors
 //   dist_worker join <rendezvous_timeout_ms>    initialise and meet at a barrier; a failure to join prints
 //                                               "rank <r>: failed after <s> s: <error>" and exits 3
 //
@@ -18,6 +21,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -311,6 +315,118 @@ int run_stalled_rank(std::chrono::milliseconds timeout) {
   std::_Exit(code);
 }
 
+// Rows rank `from` sends rank `to` in the uneven exchanges: some pairs send none.
+int64_t rows_between(int from, int to) { return (2 * from + to) % 3; }
+
+// Row k of the rows rank `from` sends rank `to`: [1000 from + 100 to + k, -(that)], in `dtype`.
+torch::Tensor rows_of(int from, int to, int64_t rows, torch::Dtype dtype) {
+  torch::Tensor values = torch::arange(rows, torch::kFloat64) + 1000.0 * from + 100.0 * to;
+  return torch::stack({values, -values}, 1).to(dtype);
+}
+
+template <class Fn>
+void expect_invalid_argument(const std::string& what, Fn&& fn, const std::vector<std::string>& words) {
+  try {
+    fn();
+    expect(false, what + ": no exception");
+  } catch (const std::invalid_argument& error) {
+    for (const std::string& word : words) {
+      expect(std::string(error.what()).find(word) != std::string::npos,
+             what + ": '" + error.what() + "' does not name " + word);
+    }
+  }
+}
+
+// One uneven exchange over `group` (`count(from, to)` rows each way) and its reverse, checked against rows_of.
+template <class Count>
+void check_uneven_all_to_all(ProcessGroup& group, Count&& count, torch::Dtype dtype, const std::string& name) {
+  const int me = group.rank(), n = group.size();
+  std::vector<int64_t> input_splits, output_splits;
+  std::vector<torch::Tensor> sent, expected;
+  for (int peer = 0; peer < n; ++peer) {
+    input_splits.push_back(count(me, peer));
+    output_splits.push_back(count(peer, me));
+    sent.push_back(rows_of(me, peer, count(me, peer), dtype));
+    expected.push_back(rows_of(peer, me, count(peer, me), dtype));
+  }
+  const torch::Tensor input = torch::cat(sent);
+  const torch::Tensor before = input.clone();
+  const std::uint64_t operations = group.operation_count();
+  const torch::Tensor output = group.all_to_all(input, output_splits, input_splits);
+  expect(group.operation_count() == operations + 1, name + ": counted as one operation");
+  expect(output.sizes() == torch::cat(expected).sizes() && output.equal(torch::cat(expected)),
+         name + ": received [" + bridge::utils::join(output_splits, ",") + "] rows, got " + c10::str(output.sizes()));
+  expect(output.scalar_type() == dtype, name + ": dtype");
+  expect(input.equal(before), name + ": the input was modified");
+  // The reverse exchange, splits swapped (the autograd all_to_all's backward), brings back what was sent.
+  const torch::Tensor back = group.all_to_all(output, input_splits, output_splits);
+  expect(back.equal(input), name + ": the reverse exchange did not bring back the input");
+}
+
+int run_all_to_all() {
+  init_distributed({Backend::kGloo, std::chrono::seconds(60)});
+  initialize_model_parallel(1, 1);
+  ProcessGroup& world = get_world_group();
+  const int me = world.rank(), n = world.size();
+
+  check_uneven_all_to_all(world, rows_between, torch::kFloat64, "uneven float64");
+  check_uneven_all_to_all(world, rows_between, torch::kLong, "uneven int64");
+  check_uneven_all_to_all(
+      world, [](int from, int to) -> int64_t { return from == 0 ? 0 : to + 1; }, torch::kFloat32,
+      "rank 0 sends nothing");
+  check_uneven_all_to_all(
+      world, [](int, int) -> int64_t { return 0; }, torch::kFloat32, "nothing at all");
+
+  {  // equal splits (empty vectors): chunk j of [n * 2, 3] goes to rank j, non-contiguous input
+    std::vector<torch::Tensor> chunks, expected;
+    for (int peer = 0; peer < n; ++peer) {
+      chunks.push_back(rows_of(me, peer, 2, torch::kFloat64));
+      expected.push_back(rows_of(peer, me, 2, torch::kFloat64));
+    }
+    const torch::Tensor input = torch::cat(chunks).t().contiguous().t();  // column-major
+    const torch::Tensor output = world.all_to_all(input);
+    expect(output.equal(torch::cat(expected)), "equal splits");
+    expect(output.is_contiguous(), "equal splits: the output is contiguous");
+  }
+  {  // a group of one: a copy of the input
+    ProcessGroup& tp = get_tensor_model_parallel_group();
+    expect(tp.size() == 1, "tp group of one");
+    const torch::Tensor input = rows_of(me, me, 3, torch::kFloat64);
+    const torch::Tensor output = tp.all_to_all(input, {3}, {3});
+    expect(output.equal(input) && !output.is_same(input) && output.data_ptr() != input.data_ptr(),
+           "a group of one returns a copy");
+    expect_invalid_argument("group of one, output rows differ", [&] { tp.all_to_all(input, {2}, {3}); },
+                            {"group of one", "output_split_sizes"});
+  }
+
+  // Bad splits fail before any communication, the same on every rank, naming the group and the vector.
+  const torch::Tensor rows = torch::zeros({4, 2});
+  std::vector<int64_t> too_many(static_cast<std::size_t>(n + 1), 0);
+  too_many[0] = 4;
+  std::vector<int64_t> short_sum(static_cast<std::size_t>(n), 1), negative(static_cast<std::size_t>(n), 0);
+  negative[0] = 5;
+  negative[1] = -1;
+  std::vector<int64_t> fine(static_cast<std::size_t>(n), 0);
+  fine[0] = 4;
+  expect_invalid_argument("too many input splits", [&] { world.all_to_all(rows, fine, too_many); },
+                          {"all_to_all on group 'world'", "input_split_sizes", "one per member"});
+  expect_invalid_argument("input splits short of the rows", [&] { world.all_to_all(rows, fine, short_sum); },
+                          {"all_to_all on group 'world'", "input_split_sizes", "sum to", "dim 0 of the input has 4"});
+  expect_invalid_argument("a negative split", [&] { world.all_to_all(rows, negative, fine); },
+                          {"output_split_sizes[1] is -1", "must not be negative"});
+  expect_invalid_argument("a scalar", [&] { world.all_to_all(torch::zeros({})); }, {"scalar"});
+  expect_invalid_argument("equal splits of indivisible rows",
+                          [&] {
+                            world.all_to_all(torch::zeros({n + 1, 2}));
+                          },
+                          {"equal chunks", "split vector"});
+
+  world.barrier();
+  std::printf("rank %d of %d: all_to_all: %s\n", get_rank(), get_world_size(), g_failures == 0 ? "ok" : "FAILED");
+  destroy_distributed();
+  return g_failures == 0 ? 0 : 1;
+}
+
 int run_join(std::chrono::milliseconds rendezvous_timeout) {
   DistributedOptions options;
   options.timeout = std::chrono::seconds(60);
@@ -344,6 +460,7 @@ int main(int argc, char** argv) {
       return run_expert(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
     }
     if (scenario == "reinit") return run_reinit();
+    if (scenario == "all_to_all") return run_all_to_all();
     if (scenario == "dead_rank") {
       return run_dead_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 5000));
     }

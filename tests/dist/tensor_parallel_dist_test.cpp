@@ -1,5 +1,6 @@
-// Tensor parallelism over real Gloo groups: 2 and 4 ranks run tensor_parallel_worker, which checks the region
-// operators, the parallel layers and the vocab-parallel cross entropy against the same computation done in full.
+// Tensor parallelism over real Gloo groups: 2, 3 and 4 ranks run tensor_parallel_worker, which checks the region
+// operators (also over an explicit group with uneven split sizes), the parallel layers and the vocab-parallel cross
+// entropy against the same computation done in full.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -32,9 +33,12 @@ TEST(TensorParallelDist, Tp2VocabParallelEmbedding) { expect_ok(2, {"embedding"}
 TEST(TensorParallelDist, Tp2CrossEntropyThreeAllReducesNoBackwardCommunication) { expect_ok(2, {"cross_entropy"}); }
 TEST(TensorParallelDist, Tp2ErrorsNameTheField) { expect_ok(2, {"errors"}); }
 TEST(TensorParallelDist, Tp2SequenceParallelRegionsAndLayers) { expect_ok(2, {"sequence_parallel"}); }
+// The explicit-group operators with uneven split sizes (MoE token dispatch), on 2 and 3 ranks.
+TEST(TensorParallelDist, Tp2UnevenAllToAllGatherAndReduceScatter) { expect_ok(2, {"uneven"}); }
+TEST(TensorParallelDist, Tp3UnevenAllToAllGatherAndReduceScatter) { expect_ok(3, {"uneven"}); }
 TEST(TensorParallelDist, Tp4Everything) {
-  expect_ok(
-      4, {"mappings", "mlp_fp32", "mlp_fp64", "stride", "embedding", "cross_entropy", "errors", "sequence_parallel"});
+  expect_ok(4, {"mappings", "mlp_fp32", "mlp_fp64", "stride", "embedding", "cross_entropy", "errors",
+                "sequence_parallel", "uneven"});
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // each scenario compares the parallel computation with the same computation done in full on this rank.
 //
 //   tensor_parallel_worker <scenario>...   mappings | mlp_fp32 | mlp_fp64 | stride | embedding | cross_entropy |
-//                                           errors | sequence_parallel | all
+//                                           errors | sequence_parallel | uneven | all
 //
 // Prints "<scenario>: ok (...)" per scenario; failures print what differed and exit 1.
 #include <ATen/CPUGeneratorImpl.h>
@@ -41,6 +41,7 @@ void expect_close(const std::string& what, const torch::Tensor& actual, const to
     expect(false, what + ": shape differs");
     return;
   }
+  if (expected.numel() == 0) return;  // a rank with no rows of an uneven split
   const double diff = (actual.to(torch::kFloat64) - expected.to(torch::kFloat64)).abs().max().item<double>();
   const double scale = std::max(expected.to(torch::kFloat64).abs().max().item<double>(), 1e-30);
   g_max_relative = std::max(g_max_relative, diff / scale);
@@ -234,6 +235,167 @@ void scenario_sequence_parallel() {
   }
 }
 
+template <class Fn>
+void expect_invalid_argument(const std::string& what, Fn&& fn, const std::vector<std::string>& words) {
+  try {
+    fn();
+    expect(false, what + ": no exception");
+  } catch (const std::invalid_argument& error) {
+    for (const std::string& word : words) {
+      expect(std::string(error.what()).find(word) != std::string::npos,
+             what + ": '" + error.what() + "' does not name " + word);
+    }
+  }
+}
+
+// The operators over an explicit group with uneven split sizes (MoE token dispatch), forward and backward, against
+// the same rows computed directly on this rank from every rank's seeded inputs and weights.
+void scenario_uneven() {
+  ProcessGroup& group = get_tensor_model_parallel_group();
+  const int me = group.rank(), n = group.size();
+  auto seeded = [](int64_t rows, uint64_t seed) { return random({rows, 3}, seed, torch::kFloat64); };
+  // rows(v, begin, count): rows [begin, begin + count) of v.
+  auto rows = [](const torch::Tensor& v, int64_t begin, int64_t count) { return v.narrow(0, begin, count); };
+
+  {  // all_to_all: rank `from` sends count(from, to) rows (some none) of its input to rank `to`
+    auto count = [](int from, int to) -> int64_t { return (2 * from + to) % 3; };
+    auto total_sent = [&](int from) {
+      int64_t sum = 0;
+      for (int to = 0; to < n; ++to) sum += count(from, to);
+      return sum;
+    };
+    auto total_received = [&](int to) {
+      int64_t sum = 0;
+      for (int from = 0; from < n; ++from) sum += count(from, to);
+      return sum;
+    };
+    auto input_of = [&](int rank) { return seeded(total_sent(rank), 200 + static_cast<uint64_t>(rank)); };
+    auto weight_of = [&](int rank) { return seeded(total_received(rank), 300 + static_cast<uint64_t>(rank)); };
+    // offset(from, to): where rank `from`'s rows for `to` start in its input; arrived(from, to): in `to`'s output.
+    auto offset = [&](int from, int to) {
+      int64_t sum = 0;
+      for (int j = 0; j < to; ++j) sum += count(from, j);
+      return sum;
+    };
+    auto arrived = [&](int from, int to) {
+      int64_t sum = 0;
+      for (int i = 0; i < from; ++i) sum += count(i, to);
+      return sum;
+    };
+    std::vector<int64_t> input_splits, output_splits;
+    std::vector<torch::Tensor> expected, expected_grad;
+    for (int peer = 0; peer < n; ++peer) {
+      input_splits.push_back(count(me, peer));
+      output_splits.push_back(count(peer, me));
+      expected.push_back(rows(input_of(peer), offset(peer, me), count(peer, me)));
+      // d sum(output_peer * weight_peer) / d input_me: the weights at the rows peer received from this rank.
+      expected_grad.push_back(rows(weight_of(peer), arrived(me, peer), count(me, peer)));
+    }
+    torch::Tensor x = input_of(me).requires_grad_();
+    const std::uint64_t before = group.operation_count();
+    const torch::Tensor y = all_to_all(group, x, output_splits, input_splits);
+    expect(group.operation_count() == before + 1, "all_to_all: one operation forward");
+    expect(y.equal(torch::cat(expected)), "all_to_all forward: the rows each rank sent this one");
+    (y * weight_of(me)).sum().backward();
+    expect(group.operation_count() == before + 2, "all_to_all: one operation backward");
+    expect(x.grad().equal(torch::cat(expected_grad)), "all_to_all backward: the weights that came back");
+  }
+
+  {  // gather: rank r contributes g(r) rows (rank 1 none); the same splits on every rank
+    auto g = [](int rank) -> int64_t { return std::vector<int64_t>{2, 0, 3, 1}[static_cast<std::size_t>(rank % 4)]; };
+    std::vector<int64_t> splits;
+    std::vector<torch::Tensor> parts, weights;
+    for (int r = 0; r < n; ++r) {
+      splits.push_back(g(r));
+      parts.push_back(seeded(g(r), 400 + static_cast<uint64_t>(r)));
+    }
+    const torch::Tensor full = torch::cat(parts);
+    int64_t mine_at = 0;
+    for (int r = 0; r < me; ++r) mine_at += g(r);
+    torch::Tensor sum = torch::zeros_like(full);
+    for (int r = 0; r < n; ++r) {
+      weights.push_back(seeded(full.size(0), 500 + static_cast<uint64_t>(r)));
+      sum += weights.back();
+    }
+    torch::Tensor x = parts[static_cast<std::size_t>(me)].clone().requires_grad_();
+    const std::uint64_t before = group.operation_count();
+    const torch::Tensor y =
+        gather_from_sequence_parallel_region(group, x, /*tensor_parallel_output_grad=*/true, splits);
+    expect(group.operation_count() == before + 1, "uneven gather: one all-to-all");
+    expect(y.equal(full), "uneven gather forward");
+    (y * weights[static_cast<std::size_t>(me)]).sum().backward();
+    expect_close("uneven gather backward (reduce-scatter)", x.grad(), rows(sum, mine_at, g(me)), 1e-12);
+    torch::Tensor z = parts[static_cast<std::size_t>(me)].clone().requires_grad_();
+    (gather_from_sequence_parallel_region(group, z, false, splits) * weights[static_cast<std::size_t>(me)])
+        .sum()
+        .backward();
+    expect(z.grad().equal(rows(weights[static_cast<std::size_t>(me)], mine_at, g(me))),
+           "uneven gather backward without reduction: own rows");
+  }
+
+  {  // reduce-scatter: rank i keeps s(i) rows (rank 1 none) of the sum of every rank's input
+    auto s = [](int rank) -> int64_t { return std::vector<int64_t>{3, 0, 1, 2}[static_cast<std::size_t>(rank % 4)]; };
+    std::vector<int64_t> splits;
+    int64_t total = 0, mine_at = 0;
+    for (int r = 0; r < n; ++r) {
+      splits.push_back(s(r));
+      if (r < me) mine_at += s(r);
+      total += s(r);
+    }
+    torch::Tensor sum = torch::zeros({total, 3}, torch::kFloat64);
+    for (int r = 0; r < n; ++r) sum += seeded(total, 600 + static_cast<uint64_t>(r));
+    std::vector<torch::Tensor> weights;
+    for (int r = 0; r < n; ++r) weights.push_back(seeded(s(r), 700 + static_cast<uint64_t>(r)));
+    torch::Tensor x = seeded(total, 600 + static_cast<uint64_t>(me)).requires_grad_();
+    const torch::Tensor before = x.detach().clone();
+    const torch::Tensor y = reduce_scatter_to_sequence_parallel_region(group, x, splits);
+    expect_close("uneven reduce-scatter forward", y, rows(sum, mine_at, s(me)), 1e-12);
+    expect(x.detach().equal(before), "uneven reduce-scatter modified its input");
+    (y * weights[static_cast<std::size_t>(me)]).sum().backward();
+    expect(x.grad().equal(torch::cat(weights)), "uneven reduce-scatter backward (all-gather)");
+  }
+
+  {  // no splits over an explicit group: the equal operators, as over the tensor-parallel group
+    const torch::Tensor full = random({2 * n, 3}, 800, torch::kFloat64);
+    torch::Tensor x = mine(full, 0).clone().requires_grad_();
+    expect(gather_from_sequence_parallel_region(group, x, true).equal(full), "equal gather over a group");
+    expect(reduce_scatter_to_sequence_parallel_region(group, full).equal(mine(full, 0) * n),
+           "equal reduce-scatter over a group");
+  }
+
+  {  // a group of one (dp here): identity, no autograd node, splits still checked
+    ProcessGroup& one = get_data_parallel_group();
+    expect(one.size() == 1, "dp is a group of one");
+    const torch::Tensor x = random({3, 2}, 900).requires_grad_();
+    expect(all_to_all(one, x, {3}, {3}).is_same(x), "all_to_all over a group of one is the identity");
+    expect(gather_from_sequence_parallel_region(one, x, true, {3}).is_same(x), "gather over a group of one");
+    expect(reduce_scatter_to_sequence_parallel_region(one, x, {3}).is_same(x), "reduce-scatter over a group of one");
+    expect_invalid_argument("all_to_all over a group of one", [&] { all_to_all(one, x, {2}, {3}); },
+                            {"output_split_sizes", "group of one"});
+  }
+
+  // Bad splits throw on every rank alike, before any communication, naming the group and the vector.
+  const torch::Tensor x = torch::zeros({4, 3});
+  std::vector<int64_t> wrong_count(static_cast<std::size_t>(n + 1), 0);
+  expect_invalid_argument("all_to_all with a split per rank too many", [&] { all_to_all(group, x, {}, wrong_count); },
+                          {"group 'tp'", "input_split_sizes", "one per member"});
+  std::vector<int64_t> not_mine(static_cast<std::size_t>(n), 4);
+  not_mine[static_cast<std::size_t>(me)] = 3;
+  expect_invalid_argument("gather whose split is not this rank's rows",
+                          [&] { gather_from_sequence_parallel_region(group, x, true, not_mine); },
+                          {"group 'tp'", "output_split_sizes[" + std::to_string(me) + "] (3)", "input rows"});
+  std::vector<int64_t> short_sum(static_cast<std::size_t>(n), 0);
+  short_sum[0] = 3;
+  expect_invalid_argument("reduce-scatter splits short of the rows",
+                          [&] { reduce_scatter_to_sequence_parallel_region(group, x, short_sum); },
+                          {"group 'tp'", "input_split_sizes", "sum to 3", "dim 0 has 4"});
+  std::vector<int64_t> negative(static_cast<std::size_t>(n), 0);
+  negative[0] = 5;
+  negative[static_cast<std::size_t>(n - 1)] = -1;
+  expect_invalid_argument("a negative split", [&] { reduce_scatter_to_sequence_parallel_region(group, x, negative); },
+                          {"input_split_sizes[" + std::to_string(n - 1) + "] is -1", "negative"});
+}
+
 // A fused [Q; K; V] weight with stride 3: each rank gets the q, k and v rows of its own heads.
 void scenario_stride() {
   const int64_t heads = 4, head_dim = 2, hidden = heads * head_dim;
@@ -307,19 +469,6 @@ void scenario_cross_entropy(double label_smoothing) {
   expect_close(name + " grad", local.grad(), mine(full_ref.grad(), -1), 1e-6);
 }
 
-template <class Fn>
-void expect_invalid_argument(const std::string& what, Fn&& fn, const std::vector<std::string>& words) {
-  try {
-    fn();
-    expect(false, what + ": no exception");
-  } catch (const std::invalid_argument& error) {
-    for (const std::string& word : words) {
-      expect(std::string(error.what()).find(word) != std::string::npos,
-             what + ": '" + error.what() + "' does not name " + word);
-    }
-  }
-}
-
 void scenario_errors() {
   const int64_t odd = 4 * tp() + 1;
   expect_invalid_argument("column output_size",
@@ -379,6 +528,8 @@ bool run(const std::string& scenario) {
     scenario_errors();
   } else if (scenario == "sequence_parallel") {
     scenario_sequence_parallel();
+  } else if (scenario == "uneven") {
+    scenario_uneven();
   } else {
     std::printf("unknown scenario '%s'\n", scenario.c_str());
     return false;
@@ -399,8 +550,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (scenarios == std::vector<std::string>{"all"}) {
-      scenarios = {"mappings",  "mlp_fp32",      "mlp_fp64", "stride",
-                   "embedding", "cross_entropy", "errors",   "sequence_parallel"};
+      scenarios = {"mappings",      "mlp_fp32", "mlp_fp64",          "stride", "embedding",
+                   "cross_entropy", "errors",   "sequence_parallel", "uneven"};
     }
     init_distributed({Backend::kGloo, std::chrono::seconds(60)});
     initialize_model_parallel(get_world_size());
