@@ -88,7 +88,18 @@ ParamAttributes get_param_attributes(const torch::Tensor& param) {
 }
 
 bool param_is_tensor_parallel_duplicate(const torch::Tensor& param) {
-  return !get_param_attributes(param).tensor_model_parallel && get_tensor_model_parallel_rank() != 0;
+  const ParamAttributes attributes = get_param_attributes(param);
+  if (attributes.tensor_model_parallel) return false;
+  // The expert groups are read only for an expert parameter: a dense run needs nothing beyond the dense ones.
+  return (attributes.allreduce ? get_tensor_model_parallel_rank() : get_expert_tensor_parallel_rank()) != 0;
+}
+
+bool is_expert_parallel_param(const torch::Tensor& param) { return !get_param_attributes(param).allreduce; }
+
+bool expert_parallel_groups_in_use() {
+  return model_parallel_is_initialized() &&
+         (get_expert_model_parallel_world_size() > 1 ||
+          get_expert_tensor_parallel_world_size() != get_tensor_model_parallel_world_size());
 }
 
 bool param_is_not_shared(const torch::Tensor& param) { return !get_param_attributes(param).shared_embedding; }
