@@ -4,6 +4,9 @@
 // gradients; a hook on the same accumulator then knows the parameter's gradient for this backward is complete (the
 // approach of PyTorch's C++ Reducer). A bf16/fp16 parameter whose buffer is fp32 (grad_reduce_in_fp32) cannot have a
 // grad of another dtype, so there the hook adds param.grad into the buffer and drops it, as Megatron's main_grad.
+// Expert-parallel parameters (attribute allreduce false) get buffers of their own, reduced over the expert
+// data-parallel group (Megatron's expert_parallel_buffers); their buckets start in order among themselves, apart from
+// the dense ones, so neither kind waits for the other's gradients.
 #include "parallel/distributed/distributed_data_parallel.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -21,6 +24,7 @@
 #include <utility>
 
 #include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/param_attributes.h"
 
 namespace bridge::parallel::distributed {
 namespace {
@@ -44,6 +48,9 @@ struct Bucket {
   Work work;
   torch::Tensor param_data;         // under the distributed optimizer: the same elements of the parameter buffer
   int64_t gather_windows_left = 0;  // windows of param_data's all-gather not yet complete
+  bool expert = false;              // expert-parallel parameters' gradients
+  ProcessGroup* group = nullptr;    // reduces it: the data-parallel group, or the expert data-parallel one
+  bool reduce_scatter = false;      // use_distributed_optimizer over a group of more than one rank
 };
 
 // One window of a bucket's parameter all-gather: each rank's next kGatherWindow elements of its shard. Windows keep
@@ -95,7 +102,7 @@ std::string describe_param(std::size_t index, const torch::Tensor& param) {
 
 struct DistributedDataParallel::Impl {
   Impl(std::shared_ptr<torch::nn::Module> wrapped, DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group,
-       const std::vector<torch::Tensor>& own_bucket_params);
+       const std::vector<torch::Tensor>& own_bucket_params, ProcessGroup* expert_dp_group);
   ~Impl();
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
@@ -114,18 +121,26 @@ struct DistributedDataParallel::Impl {
   // Under gather_mutex:
   void start_gather_windows();
   void complete_oldest_gather_window();
-  bool reduce_scatters() const { return config.use_distributed_optimizer && group->size() > 1; }
+  ProcessGroup* group_of(bool expert) const { return expert ? expert_group : group; }
+  bool reduce_scatters(bool expert) const { return config.use_distributed_optimizer && group_of(expert)->size() > 1; }
+  // The buckets of one kind, [begin, end) of `buckets`: the dense ones first, then the experts'.
+  std::size_t kind_begin(int kind) const { return kind == 0 ? 0 : first_expert_bucket; }
+  std::size_t kind_end(int kind) const { return kind == 0 ? first_expert_bucket : buckets.size(); }
 
   std::shared_ptr<torch::nn::Module> module;
   DistributedDataParallelConfig config;
   ProcessGroup* group;
+  ProcessGroup* expert_group = nullptr;  // set iff some wrapped parameter is expert-parallel
   std::vector<torch::Tensor> params;
   std::vector<ParamSlot> slots;
   std::vector<torch::Tensor> buffers;
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of;
+  std::size_t first_expert_bucket = 0;  // the number of dense buckets
   bool grad_sync = true;
-  std::size_t next_to_start = 0;  // buckets start strictly in order, the same on every rank
+  // Per kind (dense, expert), the next bucket to start: each kind's buckets start strictly in order, the same on every
+  // rank of the group reducing them.
+  std::size_t next_to_start[2] = {0, 0};
   int64_t started = 0;
   int64_t started_in_backward = 0;
   int64_t last_started_in_backward = 0;
@@ -155,7 +170,7 @@ class GradReadyHook final : public torch::autograd::FunctionPostHook {
 
 DistributedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> wrapped,
                                     DistributedDataParallelConfig ddp_config, ProcessGroup* dp_group,
-                                    const std::vector<torch::Tensor>& own_bucket_params)
+                                    const std::vector<torch::Tensor>& own_bucket_params, ProcessGroup* expert_dp_group)
     : module(std::move(wrapped)), config(ddp_config), group(dp_group) {
   if (!module) throw std::invalid_argument("DistributedDataParallel: the module is null; pass the model chunk to wrap");
   if (config.bucket_size < 0) {
@@ -173,6 +188,10 @@ DistributedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> wrapped,
     if (!param.requires_grad() || index_of.count(param.unsafeGetTensorImpl()) != 0) continue;  // frozen or shared
     index_of.emplace(param.unsafeGetTensorImpl(), params.size());
     params.push_back(param);
+    // The expert data-parallel group is looked up only for a model that has experts: a dense one needs none.
+    if (expert_group == nullptr && tensor_parallel::is_expert_parallel_param(param)) {
+      expert_group = expert_dp_group != nullptr ? expert_dp_group : &get_expert_data_parallel_group();
+    }
   }
   build_buffers(own_bucket_params);
   register_hooks();
@@ -218,6 +237,7 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
   struct Group {
     torch::TensorOptions options;
     caffe2::TypeMeta param_dtype;
+    bool expert = false;
     std::vector<std::size_t> members;
   };
   std::vector<Group> groups;
@@ -226,30 +246,37 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
     const bool low_precision = param.scalar_type() == torch::kBFloat16 || param.scalar_type() == torch::kHalf;
     const caffe2::TypeMeta dtype =
         config.grad_reduce_in_fp32 && low_precision ? caffe2::TypeMeta::Make<float>() : param.dtype();
+    const bool expert = tensor_parallel::is_expert_parallel_param(param);
     // Under the distributed optimizer the parameters also share a buffer, so a group holds one parameter dtype too.
     auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-      return g.options.dtype() == dtype && g.options.device() == param.device() &&
-             (!reduce_scatters() || g.param_dtype == param.dtype());
+      return g.options.dtype() == dtype && g.options.device() == param.device() && g.expert == expert &&
+             (!reduce_scatters(expert) || g.param_dtype == param.dtype());
     });
     if (found == groups.end()) {
-      groups.push_back({torch::TensorOptions().dtype(dtype).device(param.device()), param.dtype(), {}});
+      groups.push_back({torch::TensorOptions().dtype(dtype).device(param.device()), param.dtype(), expert, {}});
       found = std::prev(groups.end());
     }
     found->members.push_back(i);
   }
+  // The dense buffers first, so a dense model's buckets are numbered as without experts.
+  std::stable_partition(groups.begin(), groups.end(), [](const Group& g) { return !g.expert; });
 
-  const int64_t bucket_size =
-      config.bucket_size > 0 ? config.bucket_size : std::max<int64_t>(40'000'000, int64_t{1'000'000} * group->size());
-  // Under the distributed optimizer each bucket ends padded to a multiple of lcm(dp, 128), as Megatron's, so that it
-  // splits into dp equal, aligned shards; the own_bucket params sit alone.
-  const int64_t pad_to = reduce_scatters() ? std::lcm<int64_t>(group->size(), 128) : 1;
   std::unordered_map<const c10::TensorImpl*, bool> alone;
   for (const torch::Tensor& param : own_bucket) {
-    if (param.defined() && reduce_scatters()) alone.emplace(param.unsafeGetTensorImpl(), true);
+    if (param.defined()) alone.emplace(param.unsafeGetTensorImpl(), true);
   }
   slots.resize(params.size());
   torch::NoGradGuard no_grad;
   for (const Group& g : groups) {
+    ProcessGroup* reducer = group_of(g.expert);
+    const bool scatter = reduce_scatters(g.expert);
+    const int64_t bucket_size = config.bucket_size > 0
+                                    ? config.bucket_size
+                                    : std::max<int64_t>(40'000'000, int64_t{1'000'000} * reducer->size());
+    // Under the distributed optimizer each bucket ends padded to a multiple of lcm(dp, 128), as Megatron's (dp: the
+    // size of the group reducing it), so that it splits into dp equal, aligned shards; the own_bucket params sit
+    // alone.
+    const int64_t pad_to = scatter ? std::lcm<int64_t>(reducer->size(), 128) : 1;
     // The layout first (each member's offset, the buckets' padded ends), then the buffer with the padding included.
     std::vector<int64_t> offsets(g.members.size()), bucket_of_member(g.members.size());
     std::vector<std::pair<int64_t, int64_t>> ranges;  // [start, end) of each bucket in the buffer
@@ -262,7 +289,7 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
     };
     for (std::size_t member = 0; member < g.members.size(); ++member) {
       const torch::Tensor& param = params[g.members[member]];
-      const bool own = alone.count(param.unsafeGetTensorImpl()) != 0;
+      const bool own = scatter && alone.count(param.unsafeGetTensorImpl()) != 0;
       if (own && offset > bucket_start) close_bucket();
       offsets[member] = offset;
       bucket_of_member[member] = static_cast<int64_t>(ranges.size());
@@ -275,14 +302,18 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
     // Megatron's param buffer: the parameters become views of one buffer with the grad buffer's layout, so that each
     // bucket's updated shards are all-gathered straight into the parameters.
     torch::Tensor param_buffer;
-    if (reduce_scatters()) param_buffer = torch::zeros({offset}, g.options.dtype(g.param_dtype));
+    if (scatter) param_buffer = torch::zeros({offset}, g.options.dtype(g.param_dtype));
     const auto first_bucket = static_cast<int64_t>(buckets.size());
     for (const auto& [start, end] : ranges) {
       Bucket bucket;
       bucket.data = buffer.narrow(0, start, end - start);
       if (param_buffer.defined()) bucket.param_data = param_buffer.narrow(0, start, end - start);
+      bucket.expert = g.expert;
+      bucket.group = reducer;
+      bucket.reduce_scatter = scatter;
       buckets.push_back(std::move(bucket));
     }
+    if (!g.expert) first_expert_bucket = buckets.size();
     for (std::size_t member = 0; member < g.members.size(); ++member) {
       const std::size_t i = g.members[member];
       ParamSlot& slot = slots[i];
@@ -364,24 +395,41 @@ void DistributedDataParallel::Impl::absorb_grad(ParamSlot& slot) {
 }
 
 void DistributedDataParallel::Impl::start_ready_buckets() {
-  while (next_to_start < buckets.size() && buckets[next_to_start].pending == 0) {
-    start_bucket(buckets[next_to_start], /*in_backward=*/true);
-    ++next_to_start;
+  for (int kind = 0; kind < 2; ++kind) {
+    std::size_t& next = next_to_start[kind];
+    while (next < kind_end(kind) && buckets[next].pending == 0) {
+      start_bucket(buckets[next], /*in_backward=*/true);
+      ++next;
+    }
   }
 }
 
 void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backward) {
-  if (group->size() > 1) {
+  ProcessGroup& reducer = *bucket.group;
+  // Megatron's gradient_scaling_factor: the loss is a mean over this data-parallel replica's samples, so the
+  // replicas' sum is divided by |dp x cp|, for experts too: an expert's gradient on one rank already sums the
+  // contributions of every expert-parallel rank's tokens, so its sum over the expert data-parallel group is divided by
+  // the dense |dp x cp|, not by |edp|. Averaging in the collective divides by the group's size afterwards
+  // (finish_grad_sync), so an expert bucket is first scaled by |edp| / |dp x cp|.
+  const int64_t data_parallel_size = group->size();
+  {
     torch::NoGradGuard no_grad;
-    if (!config.average_in_collective) bucket.data.mul_(1.0 / group->size());
-    if (reduce_scatters()) {
+    if (!config.average_in_collective) {
+      if (data_parallel_size > 1) bucket.data.mul_(1.0 / static_cast<double>(data_parallel_size));
+    } else if (reducer.size() != data_parallel_size) {
+      bucket.data.mul_(static_cast<double>(reducer.size()) / static_cast<double>(data_parallel_size));
+    }
+  }
+  if (reducer.size() > 1) {
+    torch::NoGradGuard no_grad;
+    if (bucket.reduce_scatter) {
       // In place, as Megatron's: the output is this rank's chunk of the bucket (c10d reduces from a copy of the
       // chunks), so no staging tensor is held for the buckets in flight.
-      const int64_t chunk = bucket.data.numel() / group->size();
-      torch::Tensor own = bucket.data.narrow(0, group->rank() * chunk, chunk);
-      bucket.work = group->reduce_scatter_async(own, bucket.data, ReduceOp::kSum);
+      const int64_t chunk = bucket.data.numel() / reducer.size();
+      torch::Tensor own = bucket.data.narrow(0, reducer.rank() * chunk, chunk);
+      bucket.work = reducer.reduce_scatter_async(own, bucket.data, ReduceOp::kSum);
     } else {
-      bucket.work = group->all_reduce_async(bucket.data, ReduceOp::kSum);
+      bucket.work = reducer.all_reduce_async(bucket.data, ReduceOp::kSum);
     }
   }
   bucket.started = true;
@@ -401,7 +449,8 @@ void DistributedDataParallel::Impl::reset_sync_state() {
     bucket.pending = bucket.hooked_params;
     bucket.started = false;
   }
-  next_to_start = 0;
+  next_to_start[0] = kind_begin(0);
+  next_to_start[1] = kind_begin(1);
   started = 0;
   started_in_backward = 0;
 }
@@ -409,8 +458,9 @@ void DistributedDataParallel::Impl::reset_sync_state() {
 void DistributedDataParallel::Impl::start_gather_windows() {
   while (gathers_started.size() < kGatherWindowsInFlight && !gathers_queued.empty()) {
     GatherWindow& window = gathers_queued.front();
-    const torch::Tensor own = window.outputs[static_cast<std::size_t>(group->rank())];
-    window.work = group->all_gather_async(window.outputs, own);
+    ProcessGroup& gatherer = *buckets[window.bucket].group;
+    const torch::Tensor own = window.outputs[static_cast<std::size_t>(gatherer.rank())];
+    window.work = gatherer.all_gather_async(window.outputs, own);
     gathers_started.push_back(std::move(window));
     gathers_queued.pop_front();
   }
@@ -445,8 +495,10 @@ void DistributedDataParallel::Impl::finish_gathers() {
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  DistributedDataParallelConfig config,
                                                  ProcessGroup* data_parallel_group,
-                                                 const std::vector<torch::Tensor>& own_bucket)
-    : impl_(std::make_unique<Impl>(std::move(module), config, data_parallel_group, own_bucket)) {}
+                                                 const std::vector<torch::Tensor>& own_bucket,
+                                                 ProcessGroup* expert_data_parallel_group)
+    : impl_(std::make_unique<Impl>(std::move(module), config, data_parallel_group, own_bucket,
+                                   expert_data_parallel_group)) {}
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
@@ -456,6 +508,7 @@ torch::nn::Module& DistributedDataParallel::module() { return *impl_->module; }
 const std::shared_ptr<torch::nn::Module>& DistributedDataParallel::module_ptr() const { return impl_->module; }
 const DistributedDataParallelConfig& DistributedDataParallel::config() const { return impl_->config; }
 ProcessGroup& DistributedDataParallel::data_parallel_group() const { return *impl_->group; }
+ProcessGroup* DistributedDataParallel::expert_data_parallel_group() const { return impl_->expert_group; }
 
 void DistributedDataParallel::zero_grad_buffer() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -486,32 +539,39 @@ void DistributedDataParallel::finish_grad_sync() {
   // Params the backward did not reach still need their grad in the buffer before it is reduced.
   for (ParamSlot& slot : impl.slots) impl.absorb_grad(slot);
   try {
-    for (; impl.next_to_start < impl.buckets.size(); ++impl.next_to_start) {
-      impl.start_bucket(impl.buckets[impl.next_to_start], /*in_backward=*/false);
+    for (int kind = 0; kind < 2; ++kind) {
+      for (std::size_t& next = impl.next_to_start[kind]; next < impl.kind_end(kind); ++next) {
+        impl.start_bucket(impl.buckets[next], /*in_backward=*/false);
+      }
     }
     impl.wait_started();
   } catch (...) {
     impl.reset_sync_state();
     throw;
   }
-  if (impl.config.average_in_collective && impl.group->size() > 1) {
+  if (impl.config.average_in_collective) {
+    // Gloo has no AVG: the sum is divided by the size of the group that summed it.
     torch::NoGradGuard no_grad;
-    for (Bucket& bucket : impl.buckets) bucket.data.div_(impl.group->size());
+    for (Bucket& bucket : impl.buckets) {
+      if (bucket.group->size() > 1) bucket.data.div_(bucket.group->size());
+    }
   }
   impl.last_started_in_backward = impl.started_in_backward;
   impl.reset_sync_state();
 }
 
 void DistributedDataParallel::broadcast_params() {
-  if (impl_->group->size() == 1) return;
   torch::NoGradGuard no_grad;
-  for (const torch::Tensor& param : impl_->params) {
-    torch::Tensor data = param.detach();  // shares storage; the collective writes it in place
+  for (const ParamSlot& slot : impl_->slots) {
+    // An expert's replicas are the ranks of its expert data-parallel group; the other ranks hold other experts.
+    ProcessGroup& replicas = *impl_->buckets[static_cast<std::size_t>(slot.bucket)].group;
+    if (replicas.size() == 1) continue;
+    torch::Tensor data = slot.param.detach();  // shares storage; the collective writes it in place
     if (data.is_contiguous()) {
-      impl_->group->broadcast(data, 0);
+      replicas.broadcast(data, 0);
     } else {
       torch::Tensor contiguous = data.contiguous();
-      impl_->group->broadcast(contiguous, 0);
+      replicas.broadcast(contiguous, 0);
       data.copy_(contiguous);
     }
   }
@@ -519,14 +579,16 @@ void DistributedDataParallel::broadcast_params() {
 
 void DistributedDataParallel::start_param_sync() {
   Impl& impl = *impl_;
-  if (!impl.reduce_scatters()) return;
+  if (std::none_of(impl.buckets.begin(), impl.buckets.end(), [](const Bucket& b) { return b.reduce_scatter; })) return;
   impl.finish_gathers();
   {
     std::lock_guard<std::mutex> lock(impl.gather_mutex);
-    const int64_t ranks = impl.group->size();
-    // Forward order (the buckets are laid out in backward order), so the first layers' parameters arrive first.
+    // Forward order (the buckets are laid out in backward order), so the first layers' parameters arrive first; the
+    // same order on every rank, so each group's gathers are issued alike on its members.
     for (std::size_t index = impl.buckets.size(); index-- > 0;) {
       Bucket& bucket = impl.buckets[index];
+      if (!bucket.reduce_scatter) continue;
+      const int64_t ranks = bucket.group->size();
       const int64_t shard = bucket.param_data.numel() / ranks;
       for (int64_t at = 0; at < shard; at += kGatherWindow) {
         const int64_t width = std::min(kGatherWindow, shard - at);
@@ -589,12 +651,30 @@ int64_t DistributedDataParallel::bucket_of(const torch::Tensor& param) const {
   return found == impl_->index_of.end() ? -1 : impl_->slots[found->second].bucket;
 }
 
-int64_t DistributedDataParallel::bucket_numel(int64_t index) const {
-  if (index < 0 || index >= num_buckets()) {
-    throw std::out_of_range("DistributedDataParallel::bucket_numel: bucket " + std::to_string(index) +
-                            " does not exist; there are " + std::to_string(num_buckets()));
+namespace {
+
+void check_bucket_index(int64_t index, int64_t count, const char* caller) {
+  if (index < 0 || index >= count) {
+    throw std::out_of_range(std::string("DistributedDataParallel::") + caller + ": bucket " + std::to_string(index) +
+                            " does not exist; there are " + std::to_string(count));
   }
+}
+
+}  // namespace
+
+int64_t DistributedDataParallel::bucket_numel(int64_t index) const {
+  check_bucket_index(index, num_buckets(), "bucket_numel");
   return impl_->buckets[static_cast<std::size_t>(index)].data.numel();
+}
+
+bool DistributedDataParallel::is_expert_bucket(int64_t index) const {
+  check_bucket_index(index, num_buckets(), "is_expert_bucket");
+  return impl_->buckets[static_cast<std::size_t>(index)].expert;
+}
+
+ProcessGroup& DistributedDataParallel::bucket_group(int64_t index) const {
+  check_bucket_index(index, num_buckets(), "bucket_group");
+  return *impl_->buckets[static_cast<std::size_t>(index)].group;
 }
 
 torch::Tensor DistributedDataParallel::main_grad(const torch::Tensor& param) const {

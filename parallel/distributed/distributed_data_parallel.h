@@ -10,6 +10,9 @@
 //   }
 //   ddp.finish_grad_sync();                       // grads now data-parallel averaged
 //   optimizer.step();
+//
+// Expert-parallel parameters (ParamAttributes::allreduce false, MoE experts under expert parallelism) go into buffers
+// and buckets of their own, reduced over the expert data-parallel group (Megatron's expert_parallel_buffers).
 #pragma once
 
 #include <torch/torch.h>
@@ -24,8 +27,10 @@ namespace bridge::parallel::distributed {
 
 struct DistributedDataParallelConfig {
   bool overlap_grad_reduce = true;  ///< start each bucket's all-reduce during the last micro-batch's backward
-  bool average_in_collective =
-      false;  ///< false: pre-scale grads by 1/dp then sum (Megatron's default; Gloo has no AVG)
+  /// false: pre-scale grads by 1/dp then sum (Megatron's default; Gloo has no AVG); true: sum, then divide by the
+  /// group's size. Either way an expert's grad ends as the sum over its expert data-parallel group divided by the
+  /// dense dp (x cp) size: its grad on one rank already holds every expert-parallel rank's tokens.
+  bool average_in_collective = false;
   /// Elements per bucket; 0 = Megatron's default max(40'000'000, 1'000'000 * dp). As in Megatron, without overlap
   /// every buffer is a single bucket (nothing is gained by splitting a reduction that starts after backward).
   int64_t bucket_size = 0;
@@ -35,7 +40,8 @@ struct DistributedDataParallelConfig {
   /// Megatron's use_distributed_optimizer: the optimizer keeps state for this rank's 1/dp of each bucket
   /// (training::DistributedOptimizer), so each bucket is padded to a multiple of lcm(dp, 128) elements and
   /// reduce-scattered: after finish_grad_sync only this rank's 1/dp of every bucket holds the reduced gradient (the
-  /// rest keeps this rank's own), half an all-reduce's traffic. The optimizer all-gathers the updates.
+  /// rest keeps this rank's own), half an all-reduce's traffic. The optimizer all-gathers the updates. Expert buckets
+  /// are sharded over the expert data-parallel group (edp in place of dp).
   bool use_distributed_optimizer = false;
   /// Megatron's overlap_param_gather (with use_distributed_optimizer): the parameters' all-gather after the optimizer
   /// step is only started, and each bucket is waited for by the next forward just before its first layer that uses
@@ -52,9 +58,13 @@ class DistributedDataParallel {
   /// `own_bucket`: under use_distributed_optimizer, parameters whose grads get a bucket of their own (Megatron's
   /// shared_embedding: the tied word embedding, whose grad is all-reduced between the first and last pipeline stage
   /// after the reduce-scatter, so both stages' copies must be sharded alike).
+  /// `expert_data_parallel_group`: where the grads of expert-parallel parameters (allreduce false) are reduced, and
+  /// under use_distributed_optimizer sharded; nullptr = parallel_state's expert data-parallel group, looked up only
+  /// when some parameter is one. Must outlive this object. Both kinds are scaled by 1 / data_parallel_group's size.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, DistributedDataParallelConfig config = {},
                           ProcessGroup* data_parallel_group = nullptr,
-                          const std::vector<torch::Tensor>& own_bucket = {});
+                          const std::vector<torch::Tensor>& own_bucket = {},
+                          ProcessGroup* expert_data_parallel_group = nullptr);
   ~DistributedDataParallel();
   DistributedDataParallel(DistributedDataParallel&&) noexcept;
   DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
@@ -66,6 +76,8 @@ class DistributedDataParallel {
   const DistributedDataParallelConfig& config() const;
   /// The group the gradients are reduced over (the data-parallel group with context parallel by default).
   ProcessGroup& data_parallel_group() const;
+  /// The group expert-parallel parameters' gradients are reduced over; nullptr when no wrapped parameter is one.
+  ProcessGroup* expert_data_parallel_group() const;
 
   /// Zeroes the grad buffer (call at the start of every step instead of optimizer.zero_grad(), which would detach the
   /// views; LibTorch 2.x zero_grad defaults to set_to_none). Waits for reductions still in flight and re-attaches
@@ -76,9 +88,11 @@ class DistributedDataParallel {
   void set_grad_sync(bool enabled);
   bool grad_sync_enabled() const;
   /// Starts every bucket not started yet (overlap off, or params that got no grad), then waits for all; after it the
-  /// grads are reduced and scaled (under use_distributed_optimizer, this rank's 1/dp of each bucket only).
+  /// grads are reduced and scaled (under use_distributed_optimizer, this rank's 1/dp of each bucket only, 1/edp of an
+  /// expert bucket).
   void finish_grad_sync();
-  /// Copies data-parallel rank 0's parameters to every rank (Megatron's broadcast_params).
+  /// Copies data-parallel rank 0's parameters to every rank (Megatron's broadcast_params); expert-parallel ones from
+  /// expert data-parallel rank 0 over that group.
   void broadcast_params();
   /// Under use_distributed_optimizer (Megatron's start_param_sync), after the optimizer has written this rank's shard
   /// of every bucket's parameters: all-gathers the other ranks' shards into this rank's parameters, which are views of
@@ -98,8 +112,13 @@ class DistributedDataParallel {
   int64_t num_buckets() const;
   /// The bucket holding `param`'s grad, or -1 if `param` is not one of params().
   int64_t bucket_of(const torch::Tensor& param) const;
-  /// Elements in bucket `index` (with its padding under use_distributed_optimizer: a multiple of dp).
+  /// Elements in bucket `index` (with its padding under use_distributed_optimizer: a multiple of its group's size).
   int64_t bucket_numel(int64_t index) const;
+  /// Whether bucket `index` holds expert-parallel parameters' grads. The dense buckets come first, then the experts'.
+  bool is_expert_bucket(int64_t index) const;
+  /// The group bucket `index` is reduced over (and, under use_distributed_optimizer, sharded over):
+  /// data_parallel_group() or, for an expert bucket, *expert_data_parallel_group().
+  ProcessGroup& bucket_group(int64_t index) const;
   /// Megatron's param.main_grad: the view into the grad buffer holding `param`'s gradient. It is param.grad() itself
   /// when the buffer has the param's dtype; with grad_reduce_in_fp32 and a bf16/fp16 param it is the fp32 view, and
   /// param.grad() is undefined between backward passes. Throws std::invalid_argument for a param not wrapped here.
