@@ -114,6 +114,15 @@ bool MixedPrecision::copy_main_grads_and_unscale() {
   torch::Tensor found_inf = 1.0 - finite;
   parallel::ProcessGroup* group = group_ != nullptr ? group_ : &parallel::get_model_parallel_group();
   if (group->size() > 1) group->all_reduce(found_inf, parallel::ReduceOp::kMax);
+  // With expert parallelism another expert-parallel rank's experts may overflow while this rank's model-parallel
+  // group saw none: agreed over the expert model-parallel group too (Megatron's expert optimizer checks there), every
+  // rank skips the same steps, or the dense replicas would diverge.
+  if (group_ == nullptr && parallel::tensor_parallel::expert_parallel_groups_in_use()) {
+    parallel::ProcessGroup& experts = parallel::get_expert_tensor_model_pipeline_parallel_group();
+    if (experts.size() > 1 && experts.global_ranks() != group->global_ranks()) {
+      experts.all_reduce(found_inf, parallel::ReduceOp::kMax);
+    }
+  }
   const bool overflow = found_inf.item<float>() > 0.0f;
   grad_scaler_->update(overflow);
   return overflow;

@@ -83,7 +83,8 @@ class MixedPrecision {
   /// Megatron's _copy_model_grads_to_main_grads and _unscale_main_grads_and_check_for_nan: every main param's grad
   /// becomes its model param's main_grad (the fp32 buffer view itself, or an fp32 copy of a bf16/fp16 buffer), then
   /// with a scaler the grads are multiplied by 1/scale, checked for inf/nan, the result agreed over the model-parallel
-  /// group (collective: every rank of it must call) and the scaler updated. Returns found_inf: true means skip the
+  /// group (collective: every rank of it must call; with parallel_state's group and expert parallelism also over the
+  /// expert tensor x model x pipeline group) and the scaler updated. Returns found_inf: true means skip the
   /// optimizer step. Without a scaler no check, no collective, false.
   bool copy_main_grads_and_unscale();
   /// After the optimizer step: the model params take the fp32 main params' values (rounded to their dtype).
