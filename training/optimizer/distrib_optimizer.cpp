@@ -1,5 +1,6 @@
 // DistributedOptimizer: the shard layout over each bucket, the pieces' main params, the step's two ends (grads in,
-// updated shards out and all-gathered), and the state gathered whole for a checkpoint and handed back on a load.
+// updated shards out and all-gathered), and the state gathered whole for a checkpoint and handed back on a load. An
+// expert bucket is sharded over the group DistributedDataParallel reduces it over, the expert data-parallel one.
 #include "training/optimizer/distrib_optimizer.h"
 
 #include <algorithm>
@@ -40,8 +41,6 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
                                             : &parallel::get_data_parallel_group(/*with_context_parallel=*/true)),
       grad_scaler_(std::move(grad_scaler)),
       chunks_(std::move(chunks)) {
-  const int64_t ranks = group_->size();
-  const int64_t rank = group_->rank();
   torch::NoGradGuard no_grad;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     DistributedDataParallel* ddp = chunks_[c];
@@ -69,10 +68,20 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
       members[static_cast<std::size_t>(ddp->bucket_of(param))].emplace_back(ddp->main_grad(param).storage_offset(),
                                                                             param);
     }
+    if (parallel::ProcessGroup* experts = ddp->expert_data_parallel_group()) {
+      if (std::find(expert_groups_.begin(), expert_groups_.end(), experts) == expert_groups_.end()) {
+        expert_groups_.push_back(experts);
+      }
+    }
     for (std::size_t b = 0; b < members.size(); ++b) {
       auto& list = members[b];
       std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
       BucketShard bucket;
+      // Megatron's expert optimizer: an expert bucket's state is sharded over the expert data-parallel group, whose
+      // ranks hold the same experts, as DDP reduce-scatters it.
+      bucket.group = &ddp->bucket_group(static_cast<int64_t>(b));
+      const int64_t ranks = bucket.group->size();
+      const int64_t rank = bucket.group->rank();
       bucket.numel = ddp->bucket_numel(static_cast<int64_t>(b));
       bucket.shard = (bucket.numel + ranks - 1) / ranks;
       const int64_t start = list.front().first;
@@ -180,8 +189,9 @@ std::unordered_map<const c10::TensorImpl*, torch::Tensor> DistributedOptimizer::
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> whole;
   for (const BucketShard& bucket : buckets_) {
     // One bucket at a time in fp32 on the device, laid out as the bucket: the staging stays one bucket's size.
-    const torch::Tensor staged = torch::zeros(
-        {bucket.shard * group_->size()}, bucket.params.front().options().dtype(torch::kFloat32).requires_grad(false));
+    const torch::Tensor staged =
+        torch::zeros({bucket.shard * bucket.group->size()},
+                     bucket.params.front().options().dtype(torch::kFloat32).requires_grad(false));
     const auto flat = [&](std::size_t i) { return staged.narrow(0, bucket.offsets[i], bucket.params[i].numel()); };
     std::unordered_map<const c10::TensorImpl*, std::size_t> index;
     for (std::size_t i = 0; i < bucket.params.size(); ++i) index.emplace(bucket.params[i].unsafeGetTensorImpl(), i);
@@ -228,6 +238,10 @@ DistributedOptimizer::WholeState DistributedOptimizer::gather_state(torch::optim
   torch::Tensor flags = torch::tensor({stepped, step, momentum}, torch::kInt64);
   if (!buckets_.empty()) flags = flags.to(buckets_.front().params.front().device());  // NCCL's device
   group_->all_reduce(flags, parallel::ReduceOp::kMax);
+  // A rank may hold pieces of expert buckets only: its expert data-parallel peers agree too.
+  for (parallel::ProcessGroup* experts : expert_groups_) {
+    if (experts->size() > 1) experts->all_reduce(flags, parallel::ReduceOp::kMax);
+  }
   flags = flags.cpu();
   WholeState whole;
   whole.stepped = flags[0].item<int64_t>() != 0;
@@ -306,15 +320,16 @@ void DistributedOptimizer::load_state(torch::optim::Optimizer& optimizer, const 
 // its staging stays small next to the model), as DistributedDataParallel gathers the parameters.
 void DistributedOptimizer::gather_shards(const BucketShard& bucket, const torch::Tensor& staged) const {
   constexpr int64_t kGatherWindow = int64_t{1} << 22;
-  if (group_->size() == 1) return;
+  parallel::ProcessGroup& group = *bucket.group;
+  if (group.size() == 1) return;
   for (int64_t at = 0; at < bucket.shard; at += kGatherWindow) {
     const int64_t width = std::min(kGatherWindow, bucket.shard - at);
     std::vector<torch::Tensor> outputs;
-    for (int64_t rank = 0; rank < group_->size(); ++rank) {
+    for (int64_t rank = 0; rank < group.size(); ++rank) {
       outputs.push_back(staged.narrow(0, rank * bucket.shard + at, width));
     }
-    const torch::Tensor own = outputs[static_cast<std::size_t>(group_->rank())];
-    group_->all_gather_async(std::move(outputs), own).wait();
+    const torch::Tensor own = outputs[static_cast<std::size_t>(group.rank())];
+    group.all_gather_async(std::move(outputs), own).wait();
   }
 }
 

@@ -1,7 +1,9 @@
 // Megatron's DistributedOptimizer (ZeRO-1): each data-parallel rank keeps the optimizer state, and for bf16/fp16
 // models the fp32 main parameters, of its own 1/dp of every gradient bucket only, steps that shard, and all-gathers
-// the updated shards so that every rank holds the whole model again. Per parameter that is 8 + 8 / dp bytes in
-// fp32 (16 without) and 6 + 12 / dp with bf16 parameters and fp32 gradients (18 without).
+// the updated shards so that every rank holds the whole model again. Expert-parallel parameters' buckets are sharded
+// over the expert data-parallel group instead (Megatron's separate expert optimizer, here the same object): 1/edp. Per
+// parameter that is 8 + 8 / dp bytes in fp32 (16 without) and 6 + 12 / dp with bf16 parameters and fp32 gradients (18
+// without).
 //
 // A shard is a range of a bucket of DistributedDataParallel's grad buffer: rank r of d owns elements
 // [r c, (r + 1) c) of each bucket, c = numel / d (DDP pads its buckets and reduce-scatters them under
@@ -38,7 +40,8 @@ namespace bridge::training {
 class DistributedOptimizer {
  public:
   /// `chunks`: the DistributedDataParallel of every model chunk on this rank; their grad buffers are sharded over
-  /// `data_parallel_group` (nullptr = parallel_state's, with context parallel), which must outlive this object.
+  /// `data_parallel_group` (nullptr = parallel_state's, with context parallel), which must outlive this object, and
+  /// their expert buckets over each DistributedDataParallel's expert_data_parallel_group().
   /// `grad_scaler`: fp16's loss scaler (GradScaler::from_config), whose overflow check runs over the shards.
   explicit DistributedOptimizer(std::vector<parallel::distributed::DistributedDataParallel*> chunks,
                                 parallel::ProcessGroup* data_parallel_group = nullptr,
@@ -51,7 +54,8 @@ class DistributedOptimizer {
   const std::vector<torch::Tensor>& decayed_params() const { return decayed_; }
   const std::vector<torch::Tensor>& not_decayed_params() const { return not_decayed_; }
   /// This rank's pieces' main params, with their grads after prepare_grads(): what the grad norm and clipping take
-  /// (over every rank of the world; each element is on one data-parallel rank).
+  /// (over every rank of the world; each element is on one data-parallel rank, an expert's on one expert
+  /// data-parallel rank). They carry their model parameter's attributes (allreduce included).
   const std::vector<torch::Tensor>& main_params() const { return main_params_; }
   /// Megatron's _copy_model_grads_to_main_grads: each main param's grad becomes its elements of the grad buffer
   /// (a view, or an fp32 copy of a bf16/fp16 buffer). With fp16's scaler the grads are unscaled and checked: returns
@@ -76,7 +80,8 @@ class DistributedOptimizer {
   /// and a bf16 model's fp32 main params, whole per model parameter as an optimizer without sharding keeps them:
   /// tensors[param] maps "exp_avg", "exp_avg_sq" (AdamW), "momentum_buffer" (SGD with momentum) and "main_param"
   /// (bf16) to fp32 CPU tensors of the parameter's shape. What a checkpoint saves, so that it loads into any
-  /// data-parallel size and with the distributed optimizer on or off. Collective over the data-parallel group; with
+  /// data-parallel size and with the distributed optimizer on or off. Collective over the data-parallel group (and the
+  /// expert data-parallel group when there are experts; their whole values are complete on every rank of it); with
   /// `keep` false (a rank that does not write) this rank only contributes.
   struct WholeState {
     bool stepped = false;  ///< the optimizer has state: it stepped at least once
@@ -94,22 +99,25 @@ class DistributedOptimizer {
   /// Every wrapped parameter's whole value of something the pieces hold (an optimizer state, the fp32 main param),
   /// put together from the data-parallel ranks' pieces: `piece_value(piece)` gives this rank's fp32 values of one of
   /// its pieces ([numel]); the result maps each model parameter to an fp32 CPU tensor of its shape. Collective over
-  /// the data-parallel group, one bucket at a time; with `keep` false this rank only contributes (an empty map).
+  /// the data-parallel group (an expert bucket over the expert data-parallel group), one bucket at a time; with `keep`
+  /// false this rank only contributes (an empty map).
   std::unordered_map<const c10::TensorImpl*, torch::Tensor> gather_whole(
       const std::function<torch::Tensor(const Piece&)>& piece_value, bool keep) const;
 
  private:
   // A bucket's parameters and where this rank's shard of it lies.
   struct BucketShard {
-    std::vector<torch::Tensor> params;  // in buffer order
-    std::vector<int64_t> offsets;       // each param's first element within the bucket
-    int64_t numel = 0;                  // elements of the bucket
-    int64_t shard = 0;                  // elements per rank, ceil(numel / dp)
+    std::vector<torch::Tensor> params;        // in buffer order
+    std::vector<int64_t> offsets;             // each param's first element within the bucket
+    int64_t numel = 0;                        // elements of the bucket
+    int64_t shard = 0;                        // elements per rank, ceil(numel / dp)
+    parallel::ProcessGroup* group = nullptr;  // sharded over: the data-parallel or the expert data-parallel group
   };
   // Every rank's shard of `staged` (a bucket's elements, this rank's own filled in) into every rank's copy.
   void gather_shards(const BucketShard& bucket, const torch::Tensor& staged) const;
 
   parallel::ProcessGroup* group_;
+  std::vector<parallel::ProcessGroup*> expert_groups_;  // the chunks' expert data-parallel groups, each once
   std::optional<GradScaler> grad_scaler_;
   std::vector<parallel::distributed::DistributedDataParallel*> chunks_;
   std::vector<Piece> pieces_;
