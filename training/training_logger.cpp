@@ -10,6 +10,7 @@
 #include "parallel/device.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/param_attributes.h"
 #include "training/pretrain_setup.h"
 #include "training/utils/flop_utils.h"
 #include "training/utils/packed_statistics.h"
@@ -133,10 +134,16 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   // The reference shares these two with ranks that lack them; every rank here has both, so MAX is the identity.
   const Entry lr_entry = stats.add("learning-rate", ReduceOp::kMax, model_parallel, {setup_.scheduler->get_lr()});
   const Entry grad_norm_entry = stats.add("grad-norm", ReduceOp::kMax, model_parallel, {grad_norm});
-  std::optional<Entry> params_entry;
+  std::optional<Entry> params_entry, expert_params_entry;
   if (logging.log_params_norm) {
     params_entry =
         stats.add("params-norm^2", ReduceOp::kSum, model_parallel, {utils::local_params_norm_squared(setup_.chunks)});
+    // Experts' squares add up over their own model-parallel group (the same decision on every rank).
+    if (parallel::tensor_parallel::expert_parallel_groups_in_use()) {
+      expert_params_entry = stats.add(
+          "expert params-norm^2", ReduceOp::kSum, utils::params_norm_group(/*expert=*/true),
+          {utils::local_params_norm_squared(setup_.chunks, /*force_create_fp32_copy=*/false, /*expert=*/true)});
+    }
   }
   std::optional<Entry> grads_entry;
   if (writers && logging.log_l2_norm_grad_to_tensorboard) {
@@ -171,7 +178,10 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
   const double learning_rate = stats.scalar(lr_entry);
   const double reduced_grad_norm = stats.scalar(grad_norm_entry);
   std::optional<double> params_norm;
-  if (params_entry) params_norm = std::sqrt(stats.scalar(*params_entry));
+  if (params_entry) {
+    params_norm =
+        std::sqrt(stats.scalar(*params_entry) + (expert_params_entry ? stats.scalar(*expert_params_entry) : 0.0));
+  }
 
   // The record on_log callbacks see and may extend; at writer steps it is what the writers get.
   LogRecord record;

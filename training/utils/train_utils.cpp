@@ -52,13 +52,13 @@ bool counts_toward_model_norm(const torch::Tensor& param) {
   return !tp::param_is_tensor_parallel_duplicate(param) && tp::param_is_not_shared(param);
 }
 
-double local_params_norm_squared(const ModelChunks& model, bool force_create_fp32_copy) {
+double local_params_norm_squared(const ModelChunks& model, bool force_create_fp32_copy, bool expert) {
   torch::NoGradGuard no_grad;
   parallel::distributed::finish_param_gathers();  // ddp.overlap_param_gather: the updated values, not a mix
   double sum = 0.0;
   for (const auto& chunk : model) {
     for (const torch::Tensor& param : chunk->parameters()) {
-      if (!counts_toward_model_norm(param)) continue;
+      if (tp::is_expert_parallel_param(param) != expert || !counts_toward_model_norm(param)) continue;
       // Half-precision parameters are measured through an fp32 copy (bridge keeps no fp32 main params).
       const bool to_fp32 =
           force_create_fp32_copy || param.scalar_type() == torch::kHalf || param.scalar_type() == torch::kBFloat16;
@@ -70,10 +70,31 @@ double local_params_norm_squared(const ModelChunks& model, bool force_create_fp3
   return sum;
 }
 
+parallel::ProcessGroup& params_norm_group(bool expert) {
+  return expert && tp::expert_parallel_groups_in_use() ? parallel::get_expert_tensor_model_pipeline_parallel_group()
+                                                       : parallel::get_model_parallel_group();
+}
+
 double calc_params_l2_norm(const ModelChunks& model, bool force_create_fp32_copy) {
-  torch::Tensor total = torch::tensor({local_params_norm_squared(model, force_create_fp32_copy)}, torch::kDouble);
-  parallel::get_model_parallel_group().all_reduce(total);
-  return std::sqrt(total.item<double>());
+  torch::Tensor dense = torch::tensor({local_params_norm_squared(model, force_create_fp32_copy)}, torch::kDouble);
+  parallel::ProcessGroup& dense_group = params_norm_group(/*expert=*/false);
+  if (!tp::expert_parallel_groups_in_use()) {
+    dense_group.all_reduce(dense);
+    return std::sqrt(dense.item<double>());
+  }
+  // Megatron's calc_params_l2_norm: the experts' squares over their own model-parallel group, one reduction when the
+  // two groups have the same ranks.
+  torch::Tensor expert =
+      torch::tensor({local_params_norm_squared(model, force_create_fp32_copy, /*expert=*/true)}, torch::kDouble);
+  parallel::ProcessGroup& expert_group = params_norm_group(/*expert=*/true);
+  if (expert_group.global_ranks() == dense_group.global_ranks()) {
+    dense.add_(expert);
+    dense_group.all_reduce(dense);
+    return std::sqrt(dense.item<double>());
+  }
+  dense_group.all_reduce(dense);
+  expert_group.all_reduce(expert);
+  return std::sqrt(dense.item<double>() + expert.item<double>());
 }
 
 std::optional<double> reduce_max_stat_across_model_parallel_group(std::optional<double> stat,
@@ -183,9 +204,29 @@ StatReport report_memory(const std::optional<MemoryKeys>& memory_keys) {
   return report;
 }
 
+namespace {
+
+bool any_sharded_by_distributed_optimizer(const ModelChunks& model) {
+  for (const auto& [name, param] : named_model_parameters(model)) {
+    if (sharded_by_distributed_optimizer(param)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelChunks& model) {
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, double>> terms;
+  // Summed over the world (grad_norm_terms_group) with expert parallelism: a whole gradient then counts on one of its
+  // replicas only, data-parallel rank 0 for a dense one and expert data-parallel rank 0 for an expert's.
+  const bool over_world = &grad_norm_terms_group(model) == &parallel::get_world_group();
+  const auto on_counting_replica = [&](const torch::Tensor& param) {
+    if (!over_world) return true;
+    return (tp::is_expert_parallel_param(param)
+                ? parallel::get_expert_data_parallel_rank()
+                : parallel::get_data_parallel_group(/*with_context_parallel=*/true).rank()) == 0;
+  };
   for (const auto& [name, param] : named_model_parameters(model)) {
     // The last stage's tied copy of the embedding is the embedding: its gradient is counted under the embedding's name.
     // Frozen parameters keep their term (zero), so the list of names does not change when one is unfrozen.
@@ -203,7 +244,7 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
       continue;
     }
     const torch::Tensor grad = parallel::distributed::main_grad(param);  // fp32 under mixed precision
-    const bool counted = grad.defined() && counts_toward_model_norm(param);
+    const bool counted = grad.defined() && counts_toward_model_norm(param) && on_counting_replica(param);
     // The norm in the gradient's own precision, squared in double: a double copy of every gradient cost 4x as much.
     const double norm = counted ? grad.norm().item<double>() : 0.0;
     terms.emplace_back(name, norm * norm);
@@ -212,8 +253,10 @@ std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelC
 }
 
 parallel::ProcessGroup& grad_norm_terms_group(const ModelChunks& model) {
-  for (const auto& [name, param] : named_model_parameters(model)) {
-    if (sharded_by_distributed_optimizer(param)) return parallel::get_world_group();
+  // With expert parallelism an expert's term belongs to the expert model-parallel group and a dense one's to the
+  // model-parallel group; one vector of terms can only be summed over a group holding both: the world.
+  if (tp::expert_parallel_groups_in_use() || any_sharded_by_distributed_optimizer(model)) {
+    return parallel::get_world_group();
   }
   return parallel::get_model_parallel_group();
 }

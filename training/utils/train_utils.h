@@ -48,14 +48,22 @@ std::vector<std::pair<std::string, torch::Tensor>> named_model_parameters(const 
 /// replicated parameters on tensor-parallel rank 0 only, and never the last stage's copy of a tied embedding.
 bool counts_toward_model_norm(const torch::Tensor& param);
 
-/// This rank's share of the squared parameter norm: the sum over the parameters it counts (see above), in fp32 for
-/// half-precision parameters or with `force_create_fp32_copy`, accumulated in double.
-double local_params_norm_squared(const ModelChunks& model, bool force_create_fp32_copy = false);
+/// This rank's share of the squared parameter norm of its dense parameters (with `expert`, of its expert-parallel
+/// ones, ParamAttributes::allreduce false): the sum over the parameters it counts (see above), in fp32 for
+/// half-precision parameters or with `force_create_fp32_copy`, accumulated in double. Sum the shares over
+/// params_norm_group(expert).
+double local_params_norm_squared(const ModelChunks& model, bool force_create_fp32_copy = false, bool expert = false);
 
-/// Collective over the model-parallel group (tp x pp): the L2 norm of the whole model's parameters, equal on every
-/// rank and in every layout. Replicated parameters are identical across data-parallel replicas, so nothing is reduced
-/// over dp. bridge has no expert parameters and no distributed optimizer, so the reference's expert and sharded
-/// buckets are always empty.
+/// Where the shares of local_params_norm_squared add up: the model-parallel group (tp x pp) for dense parameters; for
+/// expert ones the expert tensor x model x pipeline group when parallel_state's layout has expert parallelism
+/// (tensor_parallel::expert_parallel_groups_in_use(), the same on every rank), else the model-parallel group.
+parallel::ProcessGroup& params_norm_group(bool expert);
+
+/// Collective over the model-parallel group (tp x pp), and with expert parallelism over the expert tensor x model x
+/// pipeline group too: the L2 norm of the whole model's parameters, each expert counted once, equal on every rank and
+/// in every layout. Replicated parameters are identical across data-parallel (expert data-parallel) replicas, so
+/// nothing is reduced over dp: the parameters are whole on every rank even under the distributed optimizer (its
+/// shards are all-gathered after each step), so the reference's sharded buckets are empty.
 double calc_params_l2_norm(const ModelChunks& model, bool force_create_fp32_copy = false);
 
 /// Collective over `mp_group`: the maximum of `stat` over the ranks that have one (nullopt on ranks without it, e.g.
@@ -86,11 +94,14 @@ StatReport report_memory(const std::optional<MemoryKeys>& memory_keys = std::nul
 /// One term per named parameter: this rank's share of its squared gradient norm (a partial sum for tensor-parallel
 /// shards, zero for tensor-parallel duplicates and parameters without a gradient), under its layout-independent name.
 /// The last stage's copy of a tied embedding has no term of its own: it is the embedding. Under the distributed
-/// optimizer a rank's share is that of the pieces it owns; sum the terms over grad_norm_terms_group().
+/// optimizer a rank's share is that of the pieces it owns; with expert parallelism and no distributed optimizer a whole
+/// gradient counts on data-parallel rank 0 only (an expert's on expert data-parallel rank 0). Sum the terms over
+/// grad_norm_terms_group().
 std::vector<std::pair<std::string, double>> local_grad_norm_squares(const ModelChunks& model);
 
 /// Where local_grad_norm_squares' terms add up to whole norms: the model-parallel group, or the world when the
-/// distributed optimizer shards the gradients over the data-parallel ranks too.
+/// distributed optimizer shards the gradients over the data-parallel ranks too or the layout has expert parallelism
+/// (dense and expert terms add up over different groups, and the world holds both).
 parallel::ProcessGroup& grad_norm_terms_group(const ModelChunks& model);
 
 /// Collective over the world (two collectives): the names of `terms` on every rank, merged and sorted, the same list
