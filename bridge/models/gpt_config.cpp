@@ -36,12 +36,13 @@ void validate_recompute(const GPTConfig& config, int pipeline_model_parallel_siz
           "of full recomputation); remove it or use recompute_granularity: full");
   for (const std::string& module : config.recompute_modules.value_or(std::vector<std::string>{})) {
     if (module == "core_attn" || module == "mlp") continue;
-    std::string why = "bridge recomputes core_attn and mlp";
+    std::string why = "bridge recomputes core_attn, mlp, moe and shared_experts";
     if (module == "layernorm") why = "bridge does not recompute the norms (Megatron's CheckpointWithoutOutput)";
-    if (module.rfind("moe", 0) == 0 || module == "shared_experts") why = "bridge's GPT has no experts";
+    if (module == "moe_act") why = "bridge's experts have no fused grouped activation to recompute alone";
+    if (module == "moe" || module == "shared_experts") continue;
     if (module == "mla_up_proj") why = "bridge's GPT has no multi-latent attention";
     throw std::invalid_argument("model.recompute_modules: '" + module + "' is not supported (" + why +
-                                "); use core_attn and/or mlp");
+                                "); use core_attn, mlp, moe or shared_experts");
   }
 }
 
@@ -59,7 +60,8 @@ int64_t GPTConfig::rotary_dim() const {
 }
 
 void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_parallel_size,
-                         std::optional<int> virtual_pipeline_model_parallel_size) const {
+                         std::optional<int> virtual_pipeline_model_parallel_size, int expert_model_parallel_size,
+                         int expert_tensor_parallel_size) const {
   require(num_layers >= 1, "model.num_layers must be >= 1, got " + str(num_layers));
   require(hidden_size >= 1, "model.hidden_size must be >= 1, got " + str(hidden_size));
   require(num_attention_heads >= 1, "model.num_attention_heads must be >= 1, got " + str(num_attention_heads));
@@ -150,6 +152,7 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
               str(seq_length) + ") is not divisible by the tensor-parallel size (" + str(tp) + "); use a multiple of " +
               str(tp) + " or set model.sequence_parallel: false");
   validate_recompute(*this, pipeline_model_parallel_size);
+  validate_moe(*this, tensor_model_parallel_size, expert_model_parallel_size, expert_tensor_parallel_size);
   const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *
                          static_cast<int64_t>(virtual_pipeline_model_parallel_size.value_or(1));
   require(num_layers % stages == 0, "model.num_layers (" + str(num_layers) +

@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include "bridge/models/moe/moe_config.h"
+
 namespace bridge::models {
 
 /// How attention is computed (Megatron-Core's AttnBackend, reduced to what LibTorch offers).
@@ -102,6 +104,15 @@ inline std::string_view to_string(Normalization value) { return enum_name(value,
 inline std::string_view to_string(PositionEmbeddingType value) { return enum_name(value, kPositionEmbeddingTypeNames); }
 inline std::string_view to_string(RecomputeGranularity value) { return enum_name(value, kRecomputeGranularityNames); }
 inline std::string_view to_string(RecomputeMethod value) { return enum_name(value, kRecomputeMethodNames); }
+inline std::string_view to_string(MoERouterScoreFunction value) {
+  return enum_name(value, kMoERouterScoreFunctionNames);
+}
+inline std::string_view to_string(MoELoadBalancingType value) { return enum_name(value, kMoELoadBalancingTypeNames); }
+inline std::string_view to_string(MoETokenDispatcherType value) {
+  return enum_name(value, kMoETokenDispatcherTypeNames);
+}
+inline std::string_view to_string(MoETokenDropPolicy value) { return enum_name(value, kMoETokenDropPolicyNames); }
+inline std::string_view to_string(MoERouterDtype value) { return enum_name(value, kMoERouterDtypeNames); }
 
 struct GPTConfig {
   int64_t num_layers = 2;
@@ -173,6 +184,48 @@ struct GPTConfig {
   /// Megatron turns it off) at tp 1. Activations per layer go from s b h (10 + 24 / tp) to s b h 34 / tp bytes.
   bool sequence_parallel = false;
 
+  // Mixture of Experts (Megatron-Core's moe_* fields; bridge/models/moe/). Unset num_moe_experts: a dense model.
+  /// Routed experts per MoE layer; set, the MLP of the layers moe_layer_freq picks becomes an MoELayer.
+  std::optional<int64_t> num_moe_experts;
+  /// Which layers are MoE: every N-th (i % N == 0) or a 0/1 list with one entry per layer.
+  MoELayerFreq moe_layer_freq;
+  /// Width of one routed expert's MLP; unset = ffn_hidden_size.
+  std::optional<int64_t> moe_ffn_hidden_size;
+  /// Experts each token is routed to (k).
+  int64_t moe_router_topk = 2;
+  MoERouterScoreFunction moe_router_score_function = MoERouterScoreFunction::kSoftmax;
+  /// softmax: the probabilities are the softmax over all experts, taken before top-k (no renormalisation); else the
+  /// softmax over the k chosen logits. Top-1 softmax routing needs it (a softmax over one logit is always 1).
+  bool moe_router_pre_softmax = false;
+  /// The routing probabilities are multiplied by this (DeepSeek's routed_scaling_factor).
+  std::optional<double> moe_router_topk_scaling_factor;
+  /// Group-limited routing: experts in num_groups groups, tokens routed within the group_topk best groups.
+  std::optional<int64_t> moe_router_num_groups;
+  std::optional<int64_t> moe_router_group_topk;
+  /// Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores to choose experts (not to
+  /// weight them), moved by moe_router_bias_update_rate toward balance after each step's gradient sync. Sigmoid only.
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  MoELoadBalancingType moe_router_load_balancing_type = MoELoadBalancingType::kAuxLoss;
+  /// Weight of the load-balancing loss; 0 (Megatron's default) leaves it out of the gradient (it is still logged).
+  double moe_aux_loss_coeff = 0.0;
+  /// Weight of the router z-loss (ST-MoE); unset = none.
+  std::optional<double> moe_z_loss_coeff;
+  /// Expert capacity = ceil(tokens x topk / experts x factor); tokens past it are dropped. Unset = dropless.
+  std::optional<double> moe_expert_capacity_factor;
+  MoETokenDropPolicy moe_token_drop_policy = MoETokenDropPolicy::kProbs;
+  /// With the capacity factor: every expert gets exactly its capacity of tokens (padding with zero-weight tokens).
+  bool moe_pad_expert_input_to_capacity = false;
+  /// Total width of the shared experts every token also goes through (Qwen2-MoE, DeepSeek); unset = none.
+  std::optional<int64_t> moe_shared_expert_intermediate_size;
+  /// The shared experts' output is scaled by sigmoid(x . gate_weight) (Qwen2-MoE).
+  bool moe_shared_expert_gate = false;
+  /// The router's logits and probabilities in fp64 instead of fp32.
+  std::optional<MoERouterDtype> moe_router_dtype;
+  MoETokenDispatcherType moe_token_dispatcher_type = MoETokenDispatcherType::kAllgather;
+  /// Each MoE layer's auxiliary losses to the writers as moe/<name>_layer_<i> besides their average.
+  bool moe_per_layer_logging = false;
+
   int64_t ffn_size() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
@@ -181,13 +234,18 @@ struct GPTConfig {
   /// Megatron-Core's query_projection_size: the attention's inner width, linear_proj's input.
   int64_t query_projection_size() const { return num_attention_heads * head_dim(); }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
+  /// One routed expert's MLP width (moe_ffn_hidden_size, else ffn_size()).
+  int64_t moe_ffn_size() const { return moe_ffn_hidden_size.value_or(ffn_size()); }
   /// Whether selective recomputation covers `module` ("core_attn", "mlp").
   bool recomputes(std::string_view module) const;
   /// Channels of each head that RoPE rotates (head_dim x rotary_percent).
   int64_t rotary_dim() const;
   /// Throws std::invalid_argument naming the field ("model.num_attention_heads") for sizes that do not fit the layout.
+  /// `expert_model_parallel_size` and `expert_tensor_parallel_size` (0 = the tensor-parallel size) check the MoE
+  /// fields against the expert layout.
   void validate(int tensor_model_parallel_size = 1, int pipeline_model_parallel_size = 1,
-                std::optional<int> virtual_pipeline_model_parallel_size = std::nullopt) const;
+                std::optional<int> virtual_pipeline_model_parallel_size = std::nullopt,
+                int expert_model_parallel_size = 1, int expert_tensor_parallel_size = 0) const;
 };
 
 /// Whether the model runs sequence-parallel at this tensor-parallel size: model.sequence_parallel and tp > 1.

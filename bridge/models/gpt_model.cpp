@@ -176,7 +176,8 @@ std::vector<GPTModel> build_gpt_model(const GPTConfig& config) {
   const int pp = parallel::get_pipeline_model_parallel_world_size();
   const int vpp = parallel::get_virtual_pipeline_model_parallel_world_size().value_or(1);
   config.validate(parallel::get_tensor_model_parallel_world_size(), pp,
-                  parallel::get_virtual_pipeline_model_parallel_world_size());
+                  parallel::get_virtual_pipeline_model_parallel_world_size(),
+                  parallel::get_expert_model_parallel_world_size(), parallel::get_expert_tensor_parallel_world_size());
   std::vector<GPTModel> chunks;
   for (int chunk = 0; chunk < vpp; ++chunk) {
     chunks.emplace_back(config,
@@ -195,8 +196,18 @@ std::vector<std::pair<std::string, torch::Tensor>> global_named_parameters(const
       global = "embedding." + local;
     } else if (local.rfind("layers.", 0) == 0) {
       const std::size_t dot = local.find('.', 7);
-      global =
-          "decoder.layers." + std::to_string(first_layer + std::stoll(local.substr(7, dot - 7))) + local.substr(dot);
+      std::string rest = local.substr(dot);
+      // Experts are named by their global index, as Megatron-Core's sharded state dict: rank r's local expert k is
+      // expert r * E / ep + k.
+      static const std::string kLocalExperts = ".mlp.experts.local_experts.";
+      if (rest.rfind(kLocalExperts, 0) == 0) {
+        const std::size_t end = rest.find('.', kLocalExperts.size());
+        const int64_t local_expert = std::stoll(rest.substr(kLocalExperts.size(), end - kLocalExperts.size()));
+        const int64_t per_rank = *chunk->config().num_moe_experts / parallel::get_expert_model_parallel_world_size();
+        rest = kLocalExperts + std::to_string(parallel::get_expert_model_parallel_rank() * per_rank + local_expert) +
+               rest.substr(end);
+      }
+      global = "decoder.layers." + std::to_string(first_layer + std::stoll(local.substr(7, dot - 7))) + rest;
     } else if (local.rfind("final_layernorm.", 0) == 0) {
       global = "decoder." + local;
     } else if (local == "output_weight") {
@@ -226,6 +237,24 @@ std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPT
     }
   }
   return weights;
+}
+
+void finalize_moe_routers(const std::vector<GPTModel>& chunks) {
+  std::vector<moe::TopKRouterImpl*> biased;
+  for (const GPTModel& chunk : chunks) {
+    for (const auto& layer : *chunk->layers) {
+      moe::MoELayer moe_layer = layer->as<TransformerLayerImpl>()->moe_layer;
+      if (!moe_layer) continue;
+      moe_layer->router->reset_global_tokens();
+      if (moe_layer->router->expert_bias.defined()) biased.push_back(moe_layer->router.ptr().get());
+    }
+  }
+  if (biased.empty()) return;
+  std::vector<torch::Tensor> counts;
+  for (moe::TopKRouterImpl* router : biased) counts.push_back(router->local_tokens_per_expert);
+  torch::Tensor stacked = torch::stack(counts);
+  parallel::get_tensor_and_data_parallel_group().all_reduce(stacked);
+  for (std::size_t i = 0; i < biased.size(); ++i) biased[i]->update_expert_bias(stacked[static_cast<int64_t>(i)]);
 }
 
 std::vector<torch::Tensor> embedding_group_weights(const std::vector<GPTModel>& chunks) {

@@ -94,6 +94,12 @@ std::vector<std::pair<std::string, torch::Tensor>> global_named_parameters(const
 /// biases, which each rank applies to its own part of the sequence. Empty at tp 1.
 std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPTModel>& chunks);
 
+/// After the gradient sync of a step (Megatron-Core's _update_router_expert_bias in finalize_model_grads): every
+/// router with moe_router_enable_expert_bias moves its bias toward balance by the tokens each expert got on all
+/// tensor- and data-parallel ranks (one all-reduce for all of them), and global_aux_loss counts restart. A no-op for a
+/// dense model; every rank of the tensor x data-parallel group calls it.
+void finalize_moe_routers(const std::vector<GPTModel>& chunks);
+
 /// The weights whose gradients are summed over the embedding group: the first stage's word embedding and the last
 /// stage's tied copy. Empty with pp == 1 (one weight, no copy) and on middle stages.
 std::vector<torch::Tensor> embedding_group_weights(const std::vector<GPTModel>& chunks);

@@ -149,51 +149,20 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
   return linear_proj(context.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_}));
 }
 
-MLPImpl::MLPImpl(const GPTConfig& config, const std::string& prefix)
-    : activation_func_(config.activation_func), gated_(config.gated_linear_unit) {
-  const bool sequence_parallel = uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size());
-  // Gated: the master fc1 is [gate; up]; stride 2 gives each rank its rows of both.
-  tp::ColumnParallelLinearOptions fc1(config.hidden_size, (gated_ ? 2 : 1) * config.ffn_size());
-  fc1.stride = gated_ ? 2 : 1;
-  fc1.bias = config.add_bias_linear;
-  fc1.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
-  fc1.sequence_parallel = sequence_parallel;
-  fc1.init_method = init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std);
-  linear_fc1 = register_module("linear_fc1", tp::ColumnParallelLinear(fc1));
-  tp::RowParallelLinearOptions fc2(config.ffn_size(), config.hidden_size);
-  fc2.bias = config.add_bias_linear;
-  fc2.gradient_accumulation_fusion = config.gradient_accumulation_fusion;
-  fc2.sequence_parallel = sequence_parallel;
-  fc2.init_method = init_method_for(config, prefix + "linear_fc2.weight", output_layer_std(config));
-  linear_fc2 = register_module("linear_fc2", tp::RowParallelLinear(fc2));
-}
-
-torch::Tensor MLPImpl::forward(const torch::Tensor& hidden_states) {
-  const torch::Tensor fc1 = linear_fc1(hidden_states);
-  const auto activation = [&](const torch::Tensor& x) {
-    switch (activation_func_) {
-      case ActivationFunc::kOpenaiGelu:
-        return torch::gelu(x, "tanh");
-      case ActivationFunc::kSilu:
-        return torch::silu(x);
-      case ActivationFunc::kGelu:
-        break;
-    }
-    return torch::gelu(x);
-  };
-  if (!gated_) return linear_fc2(activation(fc1));
-  const int64_t half = fc1.size(-1) / 2;
-  return linear_fc2(activation(fc1.narrow(-1, 0, half)) * fc1.narrow(-1, half, half));
-}
-
 TransformerLayerImpl::TransformerLayerImpl(const GPTConfig& config, int64_t layer_number)
-    : layer_number_(layer_number), hidden_dropout_(config.hidden_dropout), recompute_mlp_(config.recomputes("mlp")) {
+    : layer_number_(layer_number),
+      hidden_dropout_(config.hidden_dropout),
+      recompute_mlp_(config.recomputes(is_moe_layer(config, layer_number) ? "moe" : "mlp")) {
   const std::string prefix = layer_prefix(layer_number);
   auto norm = [&] { return Norm(config.normalization, config.hidden_size, config.layernorm_epsilon); };
   input_layernorm = register_module("input_layernorm", norm());
   self_attention = register_module("self_attention", SelfAttention(config, prefix + "self_attention."));
   pre_mlp_layernorm = register_module("pre_mlp_layernorm", norm());
-  mlp = register_module("mlp", MLP(config, prefix + "mlp."));
+  if (is_moe_layer(config, layer_number)) {
+    moe_layer = register_module("mlp", moe::MoELayer(config, layer_number));
+  } else {
+    mlp = register_module("mlp", MLP(config, prefix + "mlp."));
+  }
   if (uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
     for (const Norm& layer_norm : {input_layernorm, pre_mlp_layernorm}) tp::mark_sequence_parallel(*layer_norm);
   }
@@ -209,12 +178,11 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& hidden_states, 
   if (dropout) attention = torch::dropout(attention, hidden_dropout_, /*train=*/true);
   torch::Tensor residual = hidden_states + attention;
   const torch::Tensor mlp_in = pre_mlp_layernorm(residual);
-  torch::Tensor mlp_out =
-      is_training() && recompute_mlp_
-          ? tp::checkpoint(
-                [this](const torch::autograd::variable_list& in) { return torch::autograd::variable_list{mlp(in[0])}; },
-                {mlp_in})[0]
-          : mlp(mlp_in);
+  // The checkpointed function runs again in backward, after this call has returned: it captures `this` only.
+  const auto run_mlp = [this](const torch::autograd::variable_list& in) {
+    return torch::autograd::variable_list{moe_layer ? moe_layer(in[0]) : mlp(in[0])};
+  };
+  torch::Tensor mlp_out = is_training() && recompute_mlp_ ? tp::checkpoint(run_mlp, {mlp_in})[0] : run_mlp({mlp_in})[0];
   if (dropout) mlp_out = torch::dropout(mlp_out, hidden_dropout_, /*train=*/true);
   return residual + mlp_out;
 }

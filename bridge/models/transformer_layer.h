@@ -9,8 +9,8 @@
 // heads), a causal softmax on the local heads (LibTorch 2.x: scaled_dot_product_attention) or under the batch's
 // attention mask, projection row-parallel.
 //
-// MLP: fc1 column-parallel, then GeLU (exact or tanh) or SiLU; with gated_linear_unit fc1 is [gate; up] (each rank
-// holds its rows of both) and the output act(gate) * up; fc2 row-parallel.
+// MLP: the dense MLP (mlp.h), or in the layers moe_layer_freq marks an MoE layer (moe/moe_layer.h) with a norm of its
+// own before it, both under the name "mlp" as in Megatron-Core.
 #pragma once
 
 #include <torch/torch.h>
@@ -18,6 +18,8 @@
 #include <string>
 
 #include "bridge/models/gpt_config.h"
+#include "bridge/models/mlp.h"
+#include "bridge/models/moe/moe_layer.h"
 #include "bridge/models/normalization.h"
 #include "bridge/models/rotary_pos_embedding.h"
 #include "parallel/tensor_parallel/layers.h"
@@ -53,20 +55,6 @@ class SelfAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SelfAttention);
 
-class MLPImpl : public torch::nn::Module {
- public:
-  MLPImpl(const GPTConfig& config, const std::string& prefix);
-  torch::Tensor forward(const torch::Tensor& hidden_states);
-
-  parallel::tensor_parallel::ColumnParallelLinear linear_fc1{nullptr};
-  parallel::tensor_parallel::RowParallelLinear linear_fc2{nullptr};
-
- private:
-  ActivationFunc activation_func_;
-  bool gated_;
-};
-TORCH_MODULE(MLP);
-
 class TransformerLayerImpl : public torch::nn::Module {
  public:
   /// `layer_number` is the layer's global index (0-based), which names and seeds its weights.
@@ -79,12 +67,13 @@ class TransformerLayerImpl : public torch::nn::Module {
   Norm input_layernorm{nullptr};
   SelfAttention self_attention{nullptr};
   Norm pre_mlp_layernorm{nullptr};
-  MLP mlp{nullptr};
+  MLP mlp{nullptr};                  ///< a dense layer's MLP
+  moe::MoELayer moe_layer{nullptr};  ///< an MoE layer's, registered as "mlp"
 
  private:
   int64_t layer_number_;
   double hidden_dropout_;
-  bool recompute_mlp_;  // selective recomputation of the MLP
+  bool recompute_mlp_;  // selective recomputation of the MLP ("mlp", or "moe" for an MoE layer)
 };
 TORCH_MODULE(TransformerLayer);
 
