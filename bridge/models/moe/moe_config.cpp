@@ -54,18 +54,17 @@ void validate_moe(const GPTConfig& config, int tensor_model_parallel_size, int e
             "model.moe_layer_freq is a list of " + str(static_cast<int64_t>(freq.pattern.size())) +
                 " entries; it needs one 0 or 1 per layer (model.num_layers is " + str(config.num_layers) + ")");
     for (int64_t value : freq.pattern) {
-      require(value == 0 || value == 1, "model.moe_layer_freq's entries must be 0 (dense) or 1 (MoE), got " +
-                                            str(value));
+      require(value == 0 || value == 1,
+              "model.moe_layer_freq's entries must be 0 (dense) or 1 (MoE), got " + str(value));
     }
   }
   require(config.moe_ffn_size() >= 1, "model.moe_ffn_hidden_size must be >= 1, got " + str(config.moe_ffn_size()));
-  require(config.moe_ffn_size() % etp == 0,
-          "model.moe_ffn_hidden_size (" + str(config.moe_ffn_size()) +
-              ") must be divisible by the expert tensor-parallel size (" + str(etp) +
-              "); set parallelism.expert_tensor_parallel_size to a divisor of it");
+  require(config.moe_ffn_size() % etp == 0, "model.moe_ffn_hidden_size (" + str(config.moe_ffn_size()) +
+                                                ") must be divisible by the expert tensor-parallel size (" + str(etp) +
+                                                "); set parallelism.expert_tensor_parallel_size to a divisor of it");
   const int64_t k = config.moe_router_topk;
-  require(k >= 1 && k <= experts, "model.moe_router_topk must be between 1 and model.num_moe_experts (" +
-                                      str(experts) + "), got " + str(k));
+  require(k >= 1 && k <= experts,
+          "model.moe_router_topk must be between 1 and model.num_moe_experts (" + str(experts) + "), got " + str(k));
   const bool softmax = config.moe_router_score_function == MoERouterScoreFunction::kSoftmax;
   require(!(k == 1 && softmax && !config.moe_router_pre_softmax),
           "model.moe_router_topk is 1 with the softmax score function, whose probability over one chosen logit is "
@@ -88,7 +87,8 @@ void validate_moe(const GPTConfig& config, int tensor_model_parallel_size, int e
                                                          str(groups) + ")");
     require(k % group_topk == 0 && k / group_topk <= experts / groups,
             "model.moe_router_topk (" + str(k) + ") must be a multiple of model.moe_router_group_topk (" +
-                str(group_topk) + ") and pick at most a group's experts per group: each chosen group scores by its "
+                str(group_topk) +
+                ") and pick at most a group's experts per group: each chosen group scores by its "
                 "best topk / group_topk experts");
   }
   if (config.moe_router_topk_scaling_factor) {

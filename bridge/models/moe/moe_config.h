@@ -58,8 +58,8 @@ inline constexpr std::pair<MoERouterDtype, std::string_view> kMoERouterDtypeName
 /// Megatron-Core's moe_layer_freq: an int N (layer i is MoE when i % N == 0; 1 = every layer) or an explicit 0/1
 /// pattern with one entry per layer (Hugging Face's mlp_only_layers and decoder_sparse_step become one).
 struct MoELayerFreq {
-  int64_t every = 1;              ///< used when pattern is empty
-  std::vector<int64_t> pattern;   ///< 1 = MoE, 0 = dense, one per layer
+  int64_t every = 1;             ///< used when pattern is empty
+  std::vector<int64_t> pattern;  ///< 1 = MoE, 0 = dense, one per layer
   bool operator==(const MoELayerFreq& other) const { return every == other.every && pattern == other.pattern; }
 };
 

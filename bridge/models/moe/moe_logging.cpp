@@ -74,7 +74,8 @@ MoEReport MoEMetricsTracker::report(const GPTConfig& config, int64_t num_microba
   for (const auto& [layer, counts] : tokens_) {
     packed.narrow(0, n * layers + layer * experts, experts).copy_(counts.cpu());
   }
-  for (const auto& [layer, dropped] : dropped_) packed[n * layers + layers * experts + layer] = static_cast<double>(dropped);
+  for (const auto& [layer, dropped] : dropped_)
+    packed[n * layers + layers * experts + layer] = static_cast<double>(dropped);
   clear();
   parallel::get_pipeline_model_parallel_group().all_reduce(packed);
   parallel::get_tensor_model_parallel_group().all_reduce(packed);

@@ -78,8 +78,8 @@ Routing topk_routing_with_score_function(const torch::Tensor& logits, int64_t to
   } else {
     torch::Tensor scores = torch::sigmoid(logits);
     if (expert_bias.defined()) {
-      top_indices = std::get<1>(compute_topk(scores + expert_bias.to(scores.scalar_type()), topk, num_groups,
-                                             group_topk));
+      top_indices =
+          std::get<1>(compute_topk(scores + expert_bias.to(scores.scalar_type()), topk, num_groups, group_topk));
       scores = torch::gather(scores, 1, top_indices);
     } else {
       std::tie(scores, top_indices) = compute_topk(scores, topk, num_groups, group_topk);

@@ -58,9 +58,9 @@ Routing apply_router_token_dropping(const Routing& routing, int64_t capacity, Mo
 /// The rows of `tokens` grouped by expert (expert 0's tokens in token order, then expert 1's, ...), as Megatron-Core's
 /// permute with a routing map: a token routed to j experts appears j times.
 struct Permutation {
-  torch::Tensor tokens;          ///< [N, h], N = routing_map.sum()
-  torch::Tensor probs;           ///< [N], each row's routing probability
-  torch::Tensor sorted_indices;  ///< [N] int64, the source row of each permuted row
+  torch::Tensor tokens;             ///< [N, h], N = routing_map.sum()
+  torch::Tensor probs;              ///< [N], each row's routing probability
+  torch::Tensor sorted_indices;     ///< [N] int64, the source row of each permuted row
   torch::Tensor tokens_per_expert;  ///< [E] int64 (CPU)
 };
 Permutation permute(const torch::Tensor& tokens, const torch::Tensor& probs, const torch::Tensor& routing_map);

@@ -79,8 +79,7 @@ torch::Tensor TopKRouterImpl::apply_load_balancing_loss(const torch::Tensor& log
       parallel::ProcessGroup& group = parallel::get_tensor_and_data_parallel_group();
       torch::Tensor counts = aux.routing_map.sum(0).to(torch::kDouble);
       group.all_reduce(counts);
-      global_tokens_per_expert_ =
-          global_tokens_per_expert_.defined() ? global_tokens_per_expert_ + counts : counts;
+      global_tokens_per_expert_ = global_tokens_per_expert_.defined() ? global_tokens_per_expert_ + counts : counts;
       ++global_aux_steps_;
       loss = switch_load_balancing_loss_func(aux.probs, global_tokens_per_expert_ / global_aux_steps_,
                                              local_tokens * group.size(), k, experts, coeff);
@@ -98,14 +97,14 @@ Routing TopKRouterImpl::forward(const torch::Tensor& hidden_states) {
   const bool training = is_training() && torch::GradMode::is_enabled();
   torch::Tensor logits = gating(hidden_states);
   if (training) logits = apply_z_loss(logits);
-  Routing routing = topk_routing_with_score_function(
-      logits, config_.moe_router_topk, config_.moe_router_pre_softmax, config_.moe_router_num_groups,
-      config_.moe_router_group_topk, config_.moe_router_topk_scaling_factor, config_.moe_router_score_function,
-      expert_bias);
+  Routing routing = topk_routing_with_score_function(logits, config_.moe_router_topk, config_.moe_router_pre_softmax,
+                                                     config_.moe_router_num_groups, config_.moe_router_group_topk,
+                                                     config_.moe_router_topk_scaling_factor,
+                                                     config_.moe_router_score_function, expert_bias);
   int64_t dropped = 0;
   if (config_.moe_expert_capacity_factor) {
-    const int64_t capacity = get_capacity(logits.size(0) * config_.moe_router_topk, logits.size(1),
-                                          *config_.moe_expert_capacity_factor);
+    const int64_t capacity =
+        get_capacity(logits.size(0) * config_.moe_router_topk, logits.size(1), *config_.moe_expert_capacity_factor);
     const Routing kept = apply_router_token_dropping(routing, capacity, config_.moe_token_drop_policy,
                                                      config_.moe_pad_expert_input_to_capacity);
     if (training) dropped = routing.routing_map.logical_and(kept.routing_map.logical_not()).sum().item<int64_t>();

@@ -46,8 +46,7 @@ class AllGatherDispatcher final : public MoETokenDispatcher {
   }
 
   torch::Tensor combine(const torch::Tensor& expert_output) override {
-    torch::Tensor output =
-        unpermute(expert_output * permuted_probs_.unsqueeze(-1), sorted_indices_, num_tokens_);
+    torch::Tensor output = unpermute(expert_output * permuted_probs_.unsqueeze(-1), sorted_indices_, num_tokens_);
     parallel::ProcessGroup& group = parallel::get_expert_tensor_and_model_parallel_group();
     if (group.size() > 1) output = tp::reduce_scatter_to_sequence_parallel_region(group, output);
     return output;
@@ -76,7 +75,7 @@ class AllToAllDispatcher final : public MoETokenDispatcher {
     // sends to each expert: one all-gather of the per-expert counts.
     const torch::Tensor local_counts = permuted.tokens_per_expert;  // [E] CPU int64
     input_splits_ = to_vector(local_counts.view({ep, num_local_experts_}).sum(1));
-    const torch::Tensor all_counts = torch::stack(group.all_gather(local_counts), 0);  // [ep, E]
+    const torch::Tensor all_counts = torch::stack(group.all_gather(local_counts), 0);                  // [ep, E]
     const torch::Tensor to_me = all_counts.narrow(1, first_expert_, num_local_experts_).contiguous();  // [ep, E_local]
     output_splits_ = to_vector(to_me.sum(1));
     torch::Tensor received = tp::all_to_all(group, permuted.tokens, output_splits_, input_splits_);
@@ -95,7 +94,8 @@ class AllToAllDispatcher final : public MoETokenDispatcher {
       std::vector<int64_t> by_expert(chunk_sizes_.size());
       for (int64_t r = 0; r < ep; ++r) {
         for (int64_t e = 0; e < num_local_experts_; ++e) {
-          by_expert[static_cast<std::size_t>(e * ep + r)] = chunk_sizes_[static_cast<std::size_t>(r * num_local_experts_ + e)];
+          by_expert[static_cast<std::size_t>(e * ep + r)] =
+              chunk_sizes_[static_cast<std::size_t>(r * num_local_experts_ + e)];
         }
       }
       output = sort_chunks(output, by_expert, num_local_experts_, ep);
