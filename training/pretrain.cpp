@@ -53,7 +53,9 @@ class ParallelScope {
       const parallel::ParallelOptions& current = parallel::get_rank_layout().options;
       if (current.tensor_model_parallel_size != config.tensor_model_parallel_size ||
           current.pipeline_model_parallel_size != config.pipeline_model_parallel_size ||
-          current.virtual_pipeline_model_parallel_size != config.virtual_pipeline_model_parallel_size) {
+          current.virtual_pipeline_model_parallel_size != config.virtual_pipeline_model_parallel_size ||
+          current.expert_model_parallel_size != config.expert_model_parallel_size ||
+          current.expert_tensor_parallel_size != config.expert_tensor_parallel_size.value_or(0)) {
         throw std::invalid_argument(
             "pretrain: the model-parallel groups already initialised do not match config.parallelism; call "
             "destroy_model_parallel() first or let pretrain() create them");
@@ -64,6 +66,8 @@ class ParallelScope {
     options.tensor_model_parallel_size = config.tensor_model_parallel_size;
     options.pipeline_model_parallel_size = config.pipeline_model_parallel_size;
     options.virtual_pipeline_model_parallel_size = config.virtual_pipeline_model_parallel_size;
+    options.expert_model_parallel_size = config.expert_model_parallel_size;
+    options.expert_tensor_parallel_size = config.expert_tensor_parallel_size.value_or(0);
     parallel::initialize_model_parallel(options);
     owns_model_parallel_ = true;
   }

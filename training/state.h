@@ -3,6 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+
+namespace bridge::models::moe {
+struct MoEReport;
+}
 
 namespace bridge::training {
 
@@ -26,6 +31,9 @@ struct GlobalState {
   TrainState train_state;
   /// The run's validated configuration (set by pretrain(); include "training/config/config.h" to read it).
   const ConfigContainer* cfg = nullptr;
+  /// An MoE model's last training step: its auxiliary losses, and each layer's tokens per expert and dropped tokens
+  /// over the whole job (include "bridge/models/moe/moe_logging.h" to read it); null for a dense model until then.
+  std::shared_ptr<const models::moe::MoEReport> moe_report;
 };
 
 }  // namespace bridge::training

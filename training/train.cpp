@@ -5,6 +5,8 @@
 #include <cmath>
 #include <optional>
 
+#include "bridge/models/moe/moe_logging.h"
+#include "bridge/models/moe/moe_utils.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/finalize_model_grads.h"
@@ -47,11 +49,16 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
       // fp16: the loss is multiplied by the current scale before its backward; the grads are unscaled after.
       options.grad_scale_func = [&setup](const torch::Tensor& loss) { return loss * setup.grad_scaler()->scale(); };
     }
+    // An auxiliary loss (MoE) gets the gradient the main loss's backward gives each micro-batch: 1 / micro-batches,
+    // times fp16's loss scale, as Megatron's schedule sets MoEAuxLossAutoScaler's scale.
+    const double loss_scale = setup.grad_scaler() != nullptr ? setup.grad_scaler()->scale() : 1.0;
+    models::moe::set_aux_loss_backward_scale(loss_scale / static_cast<double>(setup.num_microbatches));
     options.finalize_model_grads = [&] {
       std::vector<parallel::distributed::DistributedDataParallel*> chunks;
       for (auto& ddp : setup.ddp) chunks.push_back(ddp.get());
       parallel::distributed::finalize_model_grads(chunks, setup.embedding_weights,
                                                   setup.tensor_parallel_partial_weights);
+      models::finalize_moe_routers(setup.model);
     };
     // Per-micro-batch events of training steps; the hooks exist only when someone listens.
     auto micro_batch_event = [&](Event event) -> std::function<void(int64_t, int64_t)> {
@@ -139,12 +146,23 @@ StepOutcome train_step(PretrainSetup& setup) {
   for (auto& ddp : setup.ddp) ddp->zero_grad_buffer();
   const auto reported = forward_backward(setup, setup.train_data, /*forward_only=*/false);
   StepOutcome outcome;
+  // The MoE layers' losses and tokens per expert of the step, reduced over the job (collectives on every rank).
+  auto moe = std::make_shared<models::moe::MoEReport>(
+      models::moe::MoEMetricsTracker::get().report(setup.config.model, setup.num_microbatches));
+  setup.state.moe_report = moe;
+  const auto with_moe_losses = [&moe](LossDict losses) {
+    // Megatron's log line shows them beside "lm loss", where the losses are reported (the last pipeline stage).
+    if (!losses.empty()) {
+      for (const auto& [name, value] : moe->losses) losses[name] = torch::tensor(value, torch::kFloat);
+    }
+    return losses;
+  };
   // Megatron's mixed-precision optimizer: the fp32 main params take the fp32 main grads (unscaled for fp16); an
   // overflow agreed across the model-parallel group skips the update on every rank.
   MixedPrecision* mp = setup.mixed_precision.get();
   if (mp != nullptr && mp->copy_main_grads_and_unscale()) {
     outcome.skipped_iter = true;
-    outcome.loss_dict = reduce_losses(setup, reported);
+    outcome.loss_dict = with_moe_losses(reduce_losses(setup, reported));
     return outcome;
   }
   // The distributed optimizer's shards hold each element on one data-parallel rank: their norm is the world's, and
@@ -152,7 +170,7 @@ StepOutcome train_step(PretrainSetup& setup) {
   DistributedOptimizer* shards = setup.distributed_optimizer.get();
   if (shards != nullptr && shards->prepare_grads()) {
     outcome.skipped_iter = true;
-    outcome.loss_dict = reduce_losses(setup, reported);
+    outcome.loss_dict = with_moe_losses(reduce_losses(setup, reported));
     return outcome;
   }
   const std::vector<torch::Tensor>& grad_params = shards != nullptr ? shards->main_params()
@@ -176,7 +194,7 @@ StepOutcome train_step(PretrainSetup& setup) {
   if (shards != nullptr) shards->finish_step();
   setup.fire_training(Event::kOptimizerStepEnd, [&](CallbackContext& ctx) { ctx.grad_norm = outcome.grad_norm; });
   setup.scheduler->step(setup.config.train.global_batch_size);
-  outcome.loss_dict = reduce_losses(setup, reported);
+  outcome.loss_dict = with_moe_losses(reduce_losses(setup, reported));
   return outcome;
 }
 

@@ -190,10 +190,31 @@ TEST(WriteProbe, RefusesPathsThatCannotBeWrittenAndLeavesNothing) {
   fs::remove_all(directory);
 }
 
+// Megatron's expert sharding: a rank holds E / (etp x ep) of each MoE layer's routed experts, and the distributed
+// optimizer keeps their state over the expert-data-parallel ranks (world / (etp x ep x pp)), the rest over dp.
+TEST(TheoreticalMemory, ExpertsAreCountedPerExpertParallelRank) {
+  ConfigContainer config = tiny_config();
+  config.model.gated_linear_unit = true;
+  config.model.add_bias_linear = false;
+  config.model.num_moe_experts = 4;
+  config.model.moe_ffn_hidden_size = 10;
+  const double h = static_cast<double>(config.model.hidden_size);
+  const double experts = static_cast<double>(config.model.num_layers) * 4 * 3 * h * 10;  // [gate; up] and down
+  const training::utils::MemoryEstimate ep1 = training::utils::estimate_memory(config, 2);
+  config.parallelism.expert_model_parallel_size = 2;
+  const training::utils::MemoryEstimate ep2 = training::utils::estimate_memory(config, 2);
+  EXPECT_DOUBLE_EQ(ep1.parameters - ep2.parameters, experts / 2);
+  config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
+  const training::utils::MemoryEstimate sharded = training::utils::estimate_memory(config, 2);
+  // At ep 2 on 2 ranks the expert-data-parallel size is 1: the experts' Adam state stays whole, the rest halves.
+  EXPECT_DOUBLE_EQ(sharded.optimizer, (ep2.parameters - experts / 2) * 8.0 / 2 + experts / 2 * 8.0);
+}
+
 // GPT-2's block tied and untied, then Llama's (RMSNorm, RoPE, SwiGLU, grouped queries, no biases), Qwen2's (a QKV
-// bias without the others) and Qwen3's (q/k norms, a head width of its own).
+// bias without the others), Qwen3's (q/k norms, a head width of its own) and an MoE model (routed experts, a gated
+// shared expert, a dense layer among the MoE ones).
 TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
-  for (int variant = 0; variant < 5; ++variant) {
+  for (int variant = 0; variant < 6; ++variant) {
     const bool tied = variant != 1;
     ConfigContainer config = tiny_config();
     config.model.share_embeddings_and_output_weights = tied;
@@ -211,6 +232,14 @@ TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
       config.model.qk_layernorm = true;
       config.model.kv_channels = 6;
       config.model.normalization = models::Normalization::kLayerNorm;
+    }
+    if (variant == 5) {
+      config.model.num_moe_experts = 4;
+      config.model.moe_ffn_hidden_size = 10;
+      config.model.moe_shared_expert_intermediate_size = 6;
+      config.model.moe_shared_expert_gate = true;
+      config.model.moe_layer_freq.pattern.assign(static_cast<std::size_t>(config.model.num_layers), 1);
+      config.model.moe_layer_freq.pattern[1] = 0;
     }
     int64_t built = 0;
     auto callbacks = std::make_shared<CallbackManager>();

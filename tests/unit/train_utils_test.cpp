@@ -209,6 +209,26 @@ TEST(FlopUtils, MegatronFormulaByHand) {
   EXPECT_DOUBLE_EQ(num_floating_point_operations(config, 8, 4), 12.0 * 8 * 64 * 2 * 64 * 64 * 9);
 }
 
+// Megatron's MoE terms: an MoE layer counts its k routed experts and its shared experts (the active parameters), a
+// dense layer its MLP. Layer 0 MoE with k = 2 experts of 64 and a shared 64 (3 x 64 / h = 3), layer 1
+// dense with 256 (f / h = 4): the mean MLP term is (3 + 4) / 2.
+TEST(FlopUtils, MoeLayersCountTheirActiveExperts) {
+  models::GPTConfig config;
+  config.num_layers = 2;
+  config.hidden_size = 64;
+  config.num_attention_heads = 4;
+  config.ffn_hidden_size = 256;
+  config.vocab_size = 200;
+  config.seq_length = 64;
+  config.num_moe_experts = 8;
+  config.moe_ffn_hidden_size = 64;
+  config.moe_router_topk = 2;
+  config.moe_shared_expert_intermediate_size = 64;
+  config.moe_layer_freq.pattern = {1, 0};
+  // 12 b s L h^2 ((1 + 1 + s/h) + (3 + 4) / 2 + V/(2 L h)) = 12*8*64*2*64^2 * (3 + 3.5 + 1)
+  EXPECT_DOUBLE_EQ(num_floating_point_operations(config, 8, 1), 12.0 * 8 * 64 * 2 * 64 * 64 * 7.5);
+}
+
 // Megatron's terms for grouped-query attention (num_query_groups / num_attention_heads key/value projections) and a
 // gated MLP (three GEMMs of f instead of two: x 3/2).
 TEST(FlopUtils, GroupedQueriesAndGatedMlpByHand) {

@@ -159,6 +159,22 @@ void ConfigContainer::validate(int world_size) const {
                                                 "parallelism.pipeline_model_parallel_size (" +
                                                 str(model_parallel) + "); launch a multiple of " + str(model_parallel) +
                                                 " ranks or change the sizes");
+  require(p.expert_model_parallel_size >= 1,
+          "parallelism.expert_model_parallel_size must be >= 1, got " + str(p.expert_model_parallel_size));
+  const int64_t etp = p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size);
+  require(etp >= 1,
+          "parallelism.expert_tensor_parallel_size must be >= 1 (null = the tensor-parallel size), got " + str(etp));
+  const int64_t expert_parallel = etp * p.expert_model_parallel_size * p.pipeline_model_parallel_size;
+  require(world_size % expert_parallel == 0,
+          "the world size (" + str(world_size) + ") must be divisible by parallelism.expert_tensor_parallel_size (" +
+              str(etp) + ") x parallelism.expert_model_parallel_size (" + str(p.expert_model_parallel_size) +
+              ") x parallelism.pipeline_model_parallel_size (" + str(p.pipeline_model_parallel_size) +
+              "); launch a "
+              "multiple of " +
+              str(expert_parallel) + " ranks or change the sizes" +
+              (p.expert_tensor_parallel_size ? ""
+                                             : " (expert_tensor_parallel_size defaults to the tensor-parallel size; "
+                                               "set it to 1 to keep experts whole)"));
   if (p.virtual_pipeline_model_parallel_size) {
     require(*p.virtual_pipeline_model_parallel_size >= 2,
             "parallelism.virtual_pipeline_model_parallel_size must be >= 2 when set (unset it for the plain 1F1B "
@@ -228,7 +244,8 @@ void ConfigContainer::validate(int world_size) const {
                    {"model.vocab_size", model.vocab_size}},
                   "the logits of one micro-batch");
   require(ddp.bucket_size >= 0, "ddp.bucket_size must be >= 0 (0: Megatron's default), got " + str(ddp.bucket_size));
-  model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size);
+  model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
+                 p.expert_model_parallel_size, p.expert_tensor_parallel_size.value_or(0));
   optimizer.validate();
   validate_distributed_optimizer(*this);
   try {

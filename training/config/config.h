@@ -86,6 +86,11 @@ struct ParallelismConfig {
   std::optional<int> virtual_pipeline_model_parallel_size;
   /// Interleaved schedule's micro-batch group size; unset = pipeline size (Megatron's default).
   std::optional<int64_t> microbatch_group_size_per_vp_stage;
+  /// Ranks the routed experts of an MoE model are spread over (ep); carved out of the data-parallel ranks, as in
+  /// Megatron-Core: world = etp x ep x expert-dp x pp.
+  int expert_model_parallel_size = 1;
+  /// Ranks each routed expert is split over (etp); unset = tensor_model_parallel_size (Megatron's default).
+  std::optional<int> expert_tensor_parallel_size;
   /// Collective backend; unset (null, "auto") = nccl when the device is CUDA and LibTorch has NCCL, else gloo. Gloo
   /// also works with CUDA tensors (several ranks sharing one GPU).
   std::optional<parallel::Backend> backend;

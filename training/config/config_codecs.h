@@ -258,6 +258,46 @@ struct Codec<models::RecomputeGranularity>
     : NamedEnumCodec<models::RecomputeGranularity, models::kRecomputeGranularityNames> {};
 template <>
 struct Codec<models::RecomputeMethod> : NamedEnumCodec<models::RecomputeMethod, models::kRecomputeMethodNames> {};
+template <>
+struct Codec<models::MoERouterScoreFunction>
+    : NamedEnumCodec<models::MoERouterScoreFunction, models::kMoERouterScoreFunctionNames> {};
+template <>
+struct Codec<models::MoELoadBalancingType>
+    : NamedEnumCodec<models::MoELoadBalancingType, models::kMoELoadBalancingTypeNames> {};
+template <>
+struct Codec<models::MoETokenDispatcherType>
+    : NamedEnumCodec<models::MoETokenDispatcherType, models::kMoETokenDispatcherTypeNames> {};
+template <>
+struct Codec<models::MoETokenDropPolicy>
+    : NamedEnumCodec<models::MoETokenDropPolicy, models::kMoETokenDropPolicyNames> {};
+template <>
+struct Codec<models::MoERouterDtype> : NamedEnumCodec<models::MoERouterDtype, models::kMoERouterDtypeNames> {};
+
+// Megatron-Core's moe_layer_freq: an int (every N-th layer) or a list of 0/1, one per layer.
+template <>
+struct Codec<models::MoELayerFreq> {
+  static std::string type() { return "int or list of 0/1"; }
+  static std::optional<models::MoELayerFreq> parse(const YAML::Node& node) {
+    models::MoELayerFreq freq;
+    if (node.IsScalar()) {
+      std::optional<int64_t> every = Codec<int64_t>::parse(node);
+      if (!every) return std::nullopt;
+      freq.every = *every;
+      return freq;
+    }
+    std::optional<std::vector<int64_t>> pattern = Codec<std::vector<int64_t>>::parse(node);
+    if (!pattern || pattern->empty()) return std::nullopt;
+    freq.pattern = std::move(*pattern);
+    return freq;
+  }
+  static void emit(YAML::Emitter& out, const models::MoELayerFreq& value) {
+    if (value.pattern.empty()) {
+      Codec<int64_t>::emit(out, value.every);
+    } else {
+      Codec<std::vector<int64_t>>::emit(out, value.pattern);
+    }
+  }
+};
 
 // Options keep the YAML text they were written as: a scalar as it reads, anything else in flow style.
 inline std::string yaml_text(const YAML::Node& node) {

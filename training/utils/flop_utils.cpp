@@ -1,6 +1,8 @@
-// num_floating_point_operations: Megatron's formula for a dense GPT, with grouped-query attention and gated MLPs.
+// num_floating_point_operations: Megatron's formula for a GPT, with grouped-query attention, gated MLPs and MoE layers
+// (their active experts).
 #include "training/utils/flop_utils.h"
 
+#include "bridge/models/moe/moe_config.h"
 #include "parallel/tensor_parallel/vocab_utils.h"
 
 namespace bridge::training::utils {
@@ -19,7 +21,13 @@ double num_floating_point_operations(const models::GPTConfig& config, int64_t ba
   const double query_projection_ratio = static_cast<double>(config.query_projection_size()) / h;
   const double attention = (1.0 + query_groups_per_head + s / h) * query_projection_ratio;
   const double gated_linear_multiplier = config.gated_linear_unit ? 1.5 : 1.0;  // three MLP GEMMs instead of two
-  const double mlp = ffn / h * gated_linear_multiplier;
+  // MoE layers count the experts a token goes through (k routed, plus the shared ones), not all E: the FLOPs of the
+  // active parameters, as Megatron's formula (the router's h x E GEMM and the dispatch are not counted).
+  const double moe_layers = static_cast<double>(models::num_moe_layers(config));
+  const double moe_ffn = static_cast<double>(config.moe_ffn_size() * config.moe_router_topk +
+                                             config.moe_shared_expert_intermediate_size.value_or(0));
+  const double mean_ffn = ((layers - moe_layers) * ffn + moe_layers * moe_ffn) / layers;
+  const double mlp = mean_ffn / h * gated_linear_multiplier;
   const double logits = vocab / (2.0 * layers * h);
   return 12.0 * b * s * layers * h * h * (attention + mlp + logits);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "bridge/models/moe/moe_config.h"
 #include "parallel/tensor_parallel/vocab_utils.h"
 #include "training/config/config.h"
 
@@ -18,21 +19,36 @@ double norm_parameters(const models::GPTConfig& m, double size) {
   return m.normalization == models::Normalization::kLayerNorm ? 2 * size : size;
 }
 
-// One layer's parameters: those split over tensor-parallel ranks (QKV, the projection, the MLP's weights, the
-// column-parallel biases) and those every rank holds (the row-parallel biases, the norms).
+// One layer's parameters: those split over tensor-parallel ranks (QKV, the projection, the MLP's weights or an MoE
+// layer's shared experts, the column-parallel biases), those every rank holds (the row-parallel biases, the norms, an
+// MoE router and shared-expert gate) and an MoE layer's routed experts, split over expert tensor x expert parallel.
 struct LayerParameters {
   double split = 0;
   double replicated = 0;
+  double experts = 0;
 };
 
-LayerParameters layer_parameters(const models::GPTConfig& m) {
+double mlp_weights(const models::GPTConfig& m, double ffn, double h) {
+  return h * (m.gated_linear_unit ? 2 : 1) * ffn + ffn * h;
+}
+
+LayerParameters layer_parameters(const models::GPTConfig& m, bool moe) {
   const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_size());
   const double qkv = static_cast<double>(m.qkv_size()), proj = static_cast<double>(m.query_projection_size());
   const double fc1 = (m.gated_linear_unit ? 2 : 1) * f;
   LayerParameters layer;
-  layer.split = h * qkv + proj * h + h * fc1 + f * h + (m.qkv_bias() ? qkv : 0) + (m.add_bias_linear ? fc1 : 0);
-  layer.replicated = (m.add_bias_linear ? 2 * h : 0) + 2 * norm_parameters(m, h) +
+  layer.split = h * qkv + proj * h + (m.qkv_bias() ? qkv : 0);
+  layer.replicated = (m.add_bias_linear ? h : 0) + 2 * norm_parameters(m, h) +
                      (m.qk_layernorm ? 2 * norm_parameters(m, static_cast<double>(m.head_dim())) : 0);
+  if (!moe) {
+    layer.split += mlp_weights(m, f, h) + (m.add_bias_linear ? fc1 : 0);
+    layer.replicated += m.add_bias_linear ? h : 0;
+    return layer;
+  }
+  const double experts = static_cast<double>(*m.num_moe_experts);
+  layer.split += mlp_weights(m, static_cast<double>(m.moe_shared_expert_intermediate_size.value_or(0)), h);
+  layer.replicated += h * experts + (m.moe_shared_expert_gate ? h : 0);
+  layer.experts = experts * mlp_weights(m, static_cast<double>(m.moe_ffn_size()), h);
   return layer;
 }
 
@@ -75,10 +91,16 @@ double num_parameters(const models::GPTConfig& m, int tensor_model_parallel_size
   const double vocab = static_cast<double>(parallel::tensor_parallel::vocab_size_with_padding(
       m.vocab_size, m.make_vocab_size_divisible_by, tensor_model_parallel_size));
   const double h = static_cast<double>(m.hidden_size);
-  const LayerParameters layer = layer_parameters(m);
+  const double moe_layers = static_cast<double>(models::num_moe_layers(m));
+  const LayerParameters dense = layer_parameters(m, false);
+  const double layers = (static_cast<double>(m.num_layers) - moe_layers) * (dense.split + dense.replicated);
+  double moe = 0;
+  if (moe_layers > 0) {
+    const LayerParameters layer = layer_parameters(m, true);
+    moe = moe_layers * (layer.split + layer.replicated + layer.experts);
+  }
   const double output = m.share_embeddings_and_output_weights ? 0 : vocab * h;
-  return vocab * h + position_parameters(m) + static_cast<double>(m.num_layers) * (layer.split + layer.replicated) +
-         norm_parameters(m, h) + output;
+  return vocab * h + position_parameters(m) + layers + moe + norm_parameters(m, h) + output;
 }
 
 MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
@@ -92,8 +114,18 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
       m.vocab_size, m.make_vocab_size_divisible_by, config.parallelism.tensor_model_parallel_size));
   const double layers = static_cast<double>(m.num_layers) / pp;
 
-  const LayerParameters layer = layer_parameters(m);
-  const double per_layer = layer.split / tp + layer.replicated;
+  // An average layer of the stage: the MoE layers' share of the model's, their routed experts on this rank
+  // (E / ep experts, each split over etp; Megatron's ÷ (etp · ep)) kept apart for the distributed optimizer.
+  const double moe_share = static_cast<double>(models::num_moe_layers(m)) / static_cast<double>(m.num_layers);
+  const LayerParameters dense_layer = layer_parameters(m, false);
+  const LayerParameters moe_layer = moe_share > 0 ? layer_parameters(m, true) : LayerParameters{};
+  const double ep = config.parallelism.expert_model_parallel_size;
+  const double etp =
+      config.parallelism.expert_tensor_parallel_size.value_or(config.parallelism.tensor_model_parallel_size);
+  const double per_layer = (1 - moe_share) * (dense_layer.split / tp + dense_layer.replicated) +
+                           moe_share * (moe_layer.split / tp + moe_layer.replicated);
+  const double expert_per_layer = moe_share * moe_layer.experts / (etp * ep);
+  const double stage_experts = layers * expert_per_layer;
   const double embedding = vocab * h / tp;
   const double positions = position_parameters(m);
   const double final_norm = norm_parameters(m, h);
@@ -108,10 +140,16 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
   const double grad_bytes = !mp.enabled() || mp.grad_reduce_in_fp32 ? 4 : 2;
   double optimizer_bytes = config.optimizer.optimizer == "adam" ? 8 : (config.optimizer.sgd_momentum > 0 ? 4 : 0);
   if (mp.enabled()) optimizer_bytes += 4;  // fp32 master weights
-  // The distributed optimizer keeps both for this rank's 1/dp of the parameters (Megatron's 6 + 12 / dp with bf16).
+  double expert_optimizer_bytes = optimizer_bytes;
+  // The distributed optimizer keeps both for this rank's 1/dp of the parameters (Megatron's 6 + 12 / dp with bf16),
+  // and for 1/edp of its experts (edp = world / (etp · ep · pp)).
   const int64_t model_parallel = static_cast<int64_t>(config.parallelism.tensor_model_parallel_size) * pp;
+  const auto expert_parallel = static_cast<int64_t>(etp * ep) * pp;
   if (config.optimizer.use_distributed_optimizer && world_size >= model_parallel) {
     optimizer_bytes /= static_cast<double>(world_size / model_parallel);
+  }
+  if (config.optimizer.use_distributed_optimizer && world_size >= expert_parallel) {
+    expert_optimizer_bytes /= static_cast<double>(world_size / expert_parallel);
   }
 
   // 1F1B: the first stage keeps the activations of up to pp micro-batches (Megatron's report multiplies by pp).
@@ -140,10 +178,10 @@ MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size) {
 
   const auto stage = [&](double params, double activations) {
     MemoryEstimate estimate;
-    estimate.parameters = params;
-    estimate.weights = params * param_bytes;
-    estimate.gradients = params * grad_bytes;
-    estimate.optimizer = params * optimizer_bytes;
+    estimate.parameters = params + stage_experts;
+    estimate.weights = estimate.parameters * param_bytes;
+    estimate.gradients = estimate.parameters * grad_bytes;
+    estimate.optimizer = params * optimizer_bytes + stage_experts * expert_optimizer_bytes;
     estimate.activations = activations;
     estimate.microbatches_in_flight = in_flight;
     return estimate;
