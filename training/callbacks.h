@@ -19,6 +19,7 @@
 // Built-ins.
 #include "training/callbacks/divergence_detector.h"
 #include "training/callbacks/early_stopping.h"
+#include "training/callbacks/expert_load_monitor.h"
 #include "training/callbacks/learning_rate_monitor.h"
 #include "training/callbacks/memory_monitor.h"
 #include "training/callbacks/profiler.h"

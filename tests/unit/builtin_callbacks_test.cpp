@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bridge/models/gpt_model.h"
+#include "bridge/models/moe/moe_logging.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "tests/unit/callback_test_support.h"
@@ -402,6 +403,32 @@ TEST(LearningRateMonitor, LogsEveryParameterGroupUnderLightningsNames) {
   EXPECT_DOUBLE_EQ(record.metrics.at("weight_decay-AdamW/pg1"), 0.0);
   EXPECT_DOUBLE_EQ(record.metrics.at("momentum-AdamW/pg0"), 0.9);
   EXPECT_DOUBLE_EQ(record.metrics.at("momentum-AdamW/pg1"), 0.8);
+}
+
+// --- ExpertLoadMonitor -------------------------------------------------------------------------------------------
+
+// The busiest expert over the mean per MoE layer, the dropped tokens, the worst layer and the total; with
+// moe_per_layer_logging each layer's auxiliary losses. A dense layer (empty counts) and a dense model log nothing.
+TEST(ExpertLoadMonitor, LogsEachMoeLayersImbalanceAndDroppedTokens) {
+  Driver driver(std::make_shared<ExpertLoadMonitor>());
+  EXPECT_TRUE(driver.log({}).metrics.empty());
+  auto report = std::make_shared<models::moe::MoEReport>();
+  report->tokens_per_expert = {{10, 30, 20, 20}, {}, {20, 20, 20, 20}};
+  report->dropped_tokens = {4, 0, 1};
+  report->per_layer["load_balancing_loss"] = {1.25, 0.0, 1.0};
+  driver.state().moe_report = report;
+  LogRecord record = driver.log({});
+  EXPECT_DOUBLE_EQ(record.metrics.at("moe/expert_load_imbalance_layer_0"), 1.5);
+  EXPECT_DOUBLE_EQ(record.metrics.at("moe/expert_load_imbalance_layer_2"), 1.0);
+  EXPECT_EQ(record.metrics.count("moe/expert_load_imbalance_layer_1"), 0u);
+  EXPECT_DOUBLE_EQ(record.metrics.at("moe/dropped_tokens_layer_0"), 4.0);
+  EXPECT_DOUBLE_EQ(record.metrics.at("moe/expert_load_imbalance"), 1.5);
+  EXPECT_DOUBLE_EQ(record.metrics.at("moe/dropped_tokens"), 5.0);
+  EXPECT_EQ(record.metrics.count("moe/load_balancing_loss_layer_0"), 0u);
+  driver.config().model.moe_per_layer_logging = true;
+  record = driver.log({});
+  EXPECT_DOUBLE_EQ(record.metrics.at("moe/load_balancing_loss_layer_0"), 1.25);
+  EXPECT_EQ(record.metrics.count("moe/load_balancing_loss_layer_1"), 0u);
 }
 
 // --- SpeedMonitor ------------------------------------------------------------------------------------------------

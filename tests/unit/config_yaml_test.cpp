@@ -537,7 +537,10 @@ TEST(ConfigYaml, EveryRecipeLoadsAndValidatesForItsWorldSize) {
                                                                {"llama3_8b.yaml", {2, 8}},
                                                                {"megatron_bridge_llama3_8b.yaml", {2, 8}},
                                                                {"qwen3_8b.yaml", {4, 8}},
-                                                               {"megatron_bridge_qwen3_8b.yaml", {4, 8}}};
+                                                               {"megatron_bridge_qwen3_8b.yaml", {4, 8}},
+                                                               {"tiny_moe.yaml", {1, 2}},
+                                                               {"qwen3_30b_a3b.yaml", {8, 16}},
+                                                               {"megatron_bridge_qwen3_30b_a3b.yaml", {8, 16}}};
   std::set<std::string> found;
   for (const auto& entry : fs::directory_iterator(kSourceDir / "examples" / "recipes")) {
     const std::string name = entry.path().filename().string();

@@ -308,6 +308,23 @@ TEST(MegatronBridgeKeys, TheQwen3RecipeInItsLayoutIsBridgesQwen3Recipe) {
   EXPECT_EQ(to_yaml(theirs), to_yaml(ours));
 }
 
+// Qwen3-30B-A3B adds the MoE keys under Megatron-Core's names, the expert layout on the model provider (moved to
+// parallelism.*) and Transformer Engine's fused-kernel switches (read, the same arithmetic in bridge).
+TEST(MegatronBridgeKeys, TheQwen3MoeRecipeInItsLayoutIsBridgesQwen3MoeRecipe) {
+  const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
+  ConfigContainer ours = load_config_yaml(recipes / "qwen3_30b_a3b.yaml");
+  const ConfigContainer theirs = megatron_bridge_recipe(recipes / "megatron_bridge_qwen3_30b_a3b.yaml", ours);
+  EXPECT_EQ(theirs.model.num_moe_experts, 128);
+  EXPECT_EQ(theirs.model.moe_ffn_hidden_size, 768);
+  EXPECT_EQ(theirs.model.moe_router_topk, 8);
+  EXPECT_EQ(theirs.model.moe_token_dispatcher_type, models::MoETokenDispatcherType::kAlltoall);
+  EXPECT_EQ(theirs.model.moe_aux_loss_coeff, 1e-3);
+  EXPECT_EQ(theirs.parallelism.expert_model_parallel_size, 4);
+  EXPECT_EQ(theirs.parallelism.expert_tensor_parallel_size, 1);
+  EXPECT_TRUE(theirs.optimizer.use_distributed_optimizer);
+  EXPECT_EQ(to_yaml(theirs), to_yaml(ours));
+}
+
 TEST(MegatronBridgeKeys, TheShippedRecipeInItsLayoutIsTheTinyRecipe) {
   const fs::path recipes = fs::path(BRIDGE_SOURCE_DIR) / "examples" / "recipes";
   ConfigContainer ours = load_config_yaml(recipes / "tiny.yaml");

@@ -9,6 +9,7 @@
 #include "training/callbacks/control_endpoint.h"
 #include "training/callbacks/divergence_detector.h"
 #include "training/callbacks/early_stopping.h"
+#include "training/callbacks/expert_load_monitor.h"
 #include "training/callbacks/learning_rate_monitor.h"
 #include "training/callbacks/memory_monitor.h"
 #include "training/callbacks/plugin.h"
@@ -114,6 +115,9 @@ const std::vector<Builtin>& table() {
            option("check_finite", &ES::check_finite, "Stop on NaN or infinity."),
            option("stopping_threshold", &ES::stopping_threshold, "Stop once the metric is better than this."),
            option("divergence_threshold", &ES::divergence_threshold, "Stop once the metric is worse than this.")}),
+      builtin<ExpertLoadMonitor>("ExpertLoadMonitor",
+                                 "MoE: logs moe/expert_load_imbalance_layer_<i> (busiest expert / mean) and "
+                                 "moe/dropped_tokens_layer_<i>, and the per-layer auxiliary losses."),
       builtin<LearningRateMonitor, LR>(
           "LearningRateMonitor", "Logs each parameter group's learning rate as lr-<Optimizer>/pg<i>.",
           {option("log_momentum", &LR::log_momentum, "Also momentum-<Optimizer>/pg<i> (Adam's beta1)."),
