@@ -118,12 +118,8 @@ void expect_same(const std::map<Key, double>& actual, const std::map<Key, double
   std::printf("%-16s largest relative difference %.2e over %zu entries\n", what.c_str(), largest, expected.size());
 }
 
-// `block` is the run's; the single-process reference has its model without the "+..." switches.
-void expect_parity(const std::string& name, int world, int tp, int pp, int vpp, const std::string& block = "gpt") {
-  const RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0, "fp32", block.substr(0, block.find('+')));
-  ASSERT_EQ(reference.loss.size(), static_cast<std::size_t>(kSteps));
-  ASSERT_GT(reference.grad_sq.size(), static_cast<std::size_t>(kSteps * 20));  // every parameter, every step
-  const RunRecord run = run_layout(name, world, tp, pp, vpp, "fp32", block);
+// `run` against the single-process `reference`: losses, grad norms and every parameter's gradient.
+void expect_matches(const RunRecord& run, const RunRecord& reference) {
   expect_same(run.loss, reference.loss, 2e-6, "loss");
   expect_same(run.grad_norm, reference.grad_norm, 2e-5, "grad norm");
   expect_same(run.weight_sq, reference.weight_sq, 1e-5, "|weight|^2");
@@ -137,6 +133,40 @@ void expect_parity(const std::string& name, int world, int tp, int pp, int vpp, 
     largest = std::max(largest, difference);
   }
   std::printf("%-16s largest difference relative to |grad| |weight| %.2e\n", "<grad, weight>", largest);
+}
+
+RunRecord run_reference(const std::string& name, const std::string& block) {
+  RunRecord reference = run_layout(name + "_reference", 1, 1, 1, 0, "fp32", block.substr(0, block.find('+')));
+  EXPECT_EQ(reference.loss.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_GT(reference.grad_sq.size(), static_cast<std::size_t>(kSteps * 20));  // every parameter, every step
+  return reference;
+}
+
+// `block` is the run's; the single-process reference has its model without the "+..." switches.
+void expect_parity(const std::string& name, int world, int tp, int pp, int vpp, const std::string& block = "gpt") {
+  const RunRecord reference = run_reference(name, block);
+  expect_matches(run_layout(name, world, tp, pp, vpp, "fp32", block), reference);
+}
+
+// Mixture of Experts (a shared expert with its gate, a dense layer among MoE ones, load-balancing and z losses in the
+// gradient): every expert layout against one single-process run. Experts are recorded under their global index on
+// the rank that holds them, so every expert's gradient is compared.
+TEST(GptParityMoE, ExpertParallelLayoutsEqualTheSingleProcessRun) {
+  const RunRecord reference = run_reference("moe", "moe");
+  struct Layout {
+    const char* name;
+    int world, tp, pp;
+    const char* block;
+  };
+  for (const Layout& layout :
+       {Layout{"moe_ep2_dp2", 2, 1, 1, "moe+ep2"}, Layout{"moe_ep2_alltoall", 2, 1, 1, "moe+ep2+alltoall"},
+        Layout{"moe_tp2_sp_etp2", 2, 2, 1, "moe+sp"},
+        Layout{"moe_tp2_sp_ep2_etp1", 2, 2, 1, "moe+sp+ep2+etp1+alltoall"},
+        Layout{"moe_ep2_distopt", 2, 1, 1, "moe+ep2+distopt"}, Layout{"moe_pp2_ep2", 4, 1, 2, "moe+ep2+alltoall"}}) {
+    SCOPED_TRACE(layout.name);
+    std::printf("layout %s\n", layout.name);
+    expect_matches(run_layout(layout.name, layout.world, layout.tp, layout.pp, 0, "fp32", layout.block), reference);
+  }
 }
 
 TEST(GptParity, TensorParallel2) { expect_parity("tp2", 2, 2, 1, 0); }

@@ -60,7 +60,9 @@ using namespace bridge::training;
 
 using testing::expect;
 
-// "<block>[+full_recompute][+sp][+distopt][+overlap_param_gather][+bf16][+scale2^k]": the block (gpt or llama), then
+// "<block>[+full_recompute][+sp][+ep2][+etp1][+alltoall][+distopt][+overlap_param_gather][+bf16][+scale2^k]": the
+// block (gpt, llama or moe: the Llama block with MoE layers), then expert parallelism 2 (+etp1: experts whole on
+// each rank; +alltoall: that dispatcher),
 // full recomputation of every layer (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer
 // and its parameter all-gather overlapped with the next forward, the bf16_mixed recipe, fp16's dynamic loss scale
 // starting at 2^k with no hysteresis.
@@ -69,6 +71,7 @@ void apply_switches(ConfigContainer& config, const std::string& block) {
   std::string item;
   std::getline(switches, item, '+');
   if (item == "llama") testing::use_llama_block(config.model);
+  if (item == "moe") testing::use_moe_block(config.model);
   while (std::getline(switches, item, '+')) {
     if (item == "full_recompute") {
       config.model.recompute_granularity = models::RecomputeGranularity::kFull;
@@ -80,6 +83,12 @@ void apply_switches(ConfigContainer& config, const std::string& block) {
       config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
     } else if (item == "overlap_param_gather") {
       config.ddp.overlap_param_gather = true;
+    } else if (item == "ep2") {
+      config.parallelism.expert_model_parallel_size = 2;
+    } else if (item == "etp1") {
+      config.parallelism.expert_tensor_parallel_size = 1;
+    } else if (item == "alltoall") {
+      config.model.moe_token_dispatcher_type = models::MoETokenDispatcherType::kAlltoall;
     } else if (item == "bf16") {
       apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
     } else if (item.rfind("scale2^", 0) == 0) {  // fp16's dynamic scale from 2^k, halved at each overflow
@@ -104,6 +113,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   // The distributed optimizer's memory: each data-parallel rank steps its own shard, and the shards tile the model.
   manager->register_callback(Event::kOptimizerStepStart, [&](CallbackContext& ctx) {
     if (!ctx.state.cfg->optimizer.use_distributed_optimizer || ctx.state.train_state.step != 0) return;
+    // With expert parallelism the ranks hold different experts, sharded over the expert-data-parallel group instead.
+    if (ctx.state.cfg->parallelism.expert_model_parallel_size > 1) return;
     int64_t model = 0, shard = 0;
     for (const auto& chunk : ctx.model) {
       for (const torch::Tensor& param : chunk->parameters()) model += param.numel();
@@ -130,7 +141,10 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     // The distributed optimizer clips only the elements each rank owns: every data-parallel rank records its pieces
     // (the reader sums the ranks' lines). Otherwise data-parallel rank 0 records whole gradients.
     const bool sharded = ctx.state.cfg->optimizer.use_distributed_optimizer;
-    if (!sharded && parallel::get_data_parallel_rank() != 0) return;
+    // Experts live on their expert-parallel rank: its expert-data-parallel rank 0 records them.
+    const bool dense_recorder = parallel::get_data_parallel_rank() == 0;
+    const bool expert_recorder = parallel::get_expert_data_parallel_rank() == 0;
+    if (!sharded && !dense_recorder && !expert_recorder) return;
     for (const auto& chunk : ctx.model) {
       auto* gpt = dynamic_cast<models::GPTModelImpl*>(chunk.get());
       expect(gpt != nullptr, "model chunks are GPTModelImpl");
@@ -139,6 +153,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
            models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
         if (parallel::tensor_parallel::param_is_tensor_parallel_duplicate(param)) continue;
         if (!parallel::tensor_parallel::param_is_not_shared(param)) continue;
+        const bool expert = !parallel::tensor_parallel::get_param_attributes(param).allreduce;
+        if (!sharded && !(expert ? expert_recorder : dense_recorder)) continue;
         double sq = 0, dot = 0, weight_sq = 0;
         const auto add = [&](const torch::Tensor& grad_part, const torch::Tensor& weight_part) {
           const torch::Tensor grad = grad_part.to(torch::kDouble), weight = weight_part.to(torch::kDouble);

@@ -64,6 +64,21 @@ inline void use_llama_block(models::GPTConfig& model) {
   model.share_embeddings_and_output_weights = false;
 }
 
+/// The Llama block with Qwen3-MoE's MLPs: 4 experts of width 24, top 2 (softmax over the 2), a load-balancing loss
+/// and a z-loss (both in the gradient), the second layer dense (moe_layer_freq [1, 0, 1, 1]). Router weights drawn
+/// wide (std 0.5 for the whole model) so no near-tie flips a token's experts between layouts.
+inline void use_moe_block(models::GPTConfig& model) {
+  use_llama_block(model);
+  model.num_moe_experts = 4;
+  model.moe_ffn_hidden_size = 24;
+  model.moe_router_topk = 2;
+  model.moe_layer_freq.pattern = {1, 0, 1, 1};
+  model.moe_aux_loss_coeff = 1e-2;
+  model.moe_z_loss_coeff = 1e-3;
+  model.moe_shared_expert_intermediate_size = 16;
+  model.moe_shared_expert_gate = true;
+}
+
 /// main() of a worker: initialises the world (which outlives pretrain(), so each run creates and releases only its
 /// model-parallel groups), runs `dispatch(scenario)` — an exit code, or -1 for arguments it does not know (then
 /// `usage` goes to stderr and the exit code is 2) — and prints "<scenario>: ok" when it returned 0 and no expect()
