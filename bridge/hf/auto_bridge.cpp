@@ -1,7 +1,10 @@
-// The dispatch between the GPT-2 and the Llama-family bridges.
+// The dispatch between the GPT-2 and the Llama-family bridges (dense and Mixture of Experts).
 #include "bridge/hf/auto_bridge.h"
 
+#include <functional>
 #include <iomanip>
+#include <iterator>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -16,7 +19,7 @@ std::string hf_model_type(const std::filesystem::path& directory) {
   const std::string type = detail::value_or<std::string>(detail::read_config(directory), "model_type", "");
   if (type != "gpt2" && !is_llama_family(type)) {
     throw std::runtime_error((directory / "config.json").string() + ": model_type is '" + type +
-                             "'; bridge reads gpt2, llama, mistral, qwen2 and qwen3");
+                             "'; bridge reads gpt2, " + llama_model_types());
   }
   return type;
 }
@@ -34,9 +37,14 @@ void check_hf_config(const std::filesystem::path& directory, const models::GPTCo
 }
 
 std::map<std::string, torch::Tensor> load_hf_weights(const std::filesystem::path& directory,
-                                                     const models::GPTConfig& config) {
-  return hf_model_type(directory) == "gpt2" ? load_gpt2_weights(directory, config)
-                                            : load_llama_weights(directory, config);
+                                                     const models::GPTConfig& config,
+                                                     const std::function<bool(const std::string&)>& wanted) {
+  if (hf_model_type(directory) != "gpt2") return load_llama_weights(directory, config, wanted);
+  std::map<std::string, torch::Tensor> weights = load_gpt2_weights(directory, config);
+  for (auto it = weights.begin(); it != weights.end();) {
+    it = wanted && !wanted(it->first) ? weights.erase(it) : std::next(it);
+  }
+  return weights;
 }
 
 namespace {
@@ -49,8 +57,20 @@ struct ArchitectureField {
 };
 
 template <class T>
+struct IsOptional : std::false_type {};
+template <class T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+
+template <class T>
 std::string as_text(const T& value) {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (IsOptional<T>::value) {
+    return value ? as_text(*value) : "null";
+  } else if constexpr (std::is_same_v<T, models::MoELayerFreq>) {
+    if (value.pattern.empty()) return as_text(value.every);
+    std::string text = "[";
+    for (std::size_t i = 0; i < value.pattern.size(); ++i) text += (i ? ", " : "") + as_text(value.pattern[i]);
+    return text + "]";
+  } else if constexpr (std::is_same_v<T, bool>) {
     return value ? "true" : "false";
   } else if constexpr (std::is_enum_v<T>) {
     return std::string(models::to_string(value));
@@ -91,6 +111,19 @@ const ArchitectureField kArchitecture[] = {
     BRIDGE_ARCHITECTURE_FIELD(add_qkv_bias),
     BRIDGE_ARCHITECTURE_FIELD(qk_layernorm),
     BRIDGE_ARCHITECTURE_FIELD(share_embeddings_and_output_weights),
+    // What the experts compute; the auxiliary losses, capacity and dispatcher are the run's choices.
+    BRIDGE_ARCHITECTURE_FIELD(num_moe_experts),
+    BRIDGE_ARCHITECTURE_FIELD(moe_layer_freq),
+    BRIDGE_ARCHITECTURE_FIELD(moe_ffn_hidden_size),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_topk),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_score_function),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_pre_softmax),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_topk_scaling_factor),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_num_groups),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_group_topk),
+    BRIDGE_ARCHITECTURE_FIELD(moe_router_enable_expert_bias),
+    BRIDGE_ARCHITECTURE_FIELD(moe_shared_expert_intermediate_size),
+    BRIDGE_ARCHITECTURE_FIELD(moe_shared_expert_gate),
 };
 
 #undef BRIDGE_ARCHITECTURE_FIELD
@@ -116,6 +149,11 @@ std::vector<std::string> architecture_differences(const models::GPTConfig& ours,
 
 std::string hf_model_type_for(const models::GPTConfig& config) {
   if (config.position_embedding_type == models::PositionEmbeddingType::kLearnedAbsolute) return "gpt2";
+  if (config.num_moe_experts) {
+    if (config.qk_layernorm) return "qwen3_moe";
+    if (config.moe_shared_expert_intermediate_size || config.add_qkv_bias) return "qwen2_moe";
+    return "mixtral";
+  }
   if (config.qk_layernorm) return "qwen3";
   if (config.add_qkv_bias && !config.add_bias_linear) return "qwen2";
   return "llama";

@@ -38,7 +38,8 @@ json read_config(const fs::path& directory) {
                     "them)");
 }
 
-std::map<std::string, torch::Tensor> read_weights(const fs::path& directory) {
+std::map<std::string, torch::Tensor> read_weights(const fs::path& directory,
+                                                  const std::function<bool(const std::string&)>& needed) {
   const fs::path single = directory / "model.safetensors";
   if (fs::exists(single)) return utils::read_safetensors(single).tensors;
   const fs::path index_path = directory / "model.safetensors.index.json";
@@ -53,7 +54,9 @@ std::map<std::string, torch::Tensor> read_weights(const fs::path& directory) {
     throw std::runtime_error(index_path.string() + " has no weight_map object: not a sharded safetensors index");
   }
   std::set<std::string> shards;
-  for (const auto& [name, file] : map->items()) shards.insert(file.get<std::string>());
+  for (const auto& [name, file] : map->items()) {
+    if (!needed || needed(name)) shards.insert(file.get<std::string>());
+  }
   std::map<std::string, torch::Tensor> tensors;
   for (const std::string& shard : shards) {
     if (shard.find('/') != std::string::npos) {
@@ -62,7 +65,7 @@ std::map<std::string, torch::Tensor> read_weights(const fs::path& directory) {
     for (auto& [name, tensor] : utils::read_safetensors(directory / shard).tensors) tensors[name] = std::move(tensor);
   }
   for (const auto& [name, file] : map->items()) {
-    if (tensors.count(name) == 0) {
+    if (shards.count(file.get<std::string>()) > 0 && tensors.count(name) == 0) {
       throw std::runtime_error(index_path.string() + " places " + name + " in " + file.get<std::string>() +
                                ", which does not hold it");
     }

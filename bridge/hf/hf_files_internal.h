@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,8 +27,10 @@ T value_or(const nlohmann::json& config, const char* key, T fallback) {
 }
 
 /// Every tensor of the directory's model.safetensors, or of the files model.safetensors.index.json's weight_map
-/// names; std::runtime_error naming what is missing.
-std::map<std::string, torch::Tensor> read_weights(const std::filesystem::path& directory);
+/// names; std::runtime_error naming what is missing. With `needed`, a sharded directory's shards holding no tensor it
+/// accepts are not read (a rank of an expert-parallel run skips the shards of other ranks' experts).
+std::map<std::string, torch::Tensor> read_weights(const std::filesystem::path& directory,
+                                                  const std::function<bool(const std::string&)>& needed = {});
 
 /// Writes config.json and the weights (creating the directory): one model.safetensors when they fit in
 /// `max_shard_bytes`, else transformers' shards, model-00001-of-0000N.safetensors each at most that size (a larger

@@ -1,9 +1,11 @@
-// The Llama family both ways: config.json <-> GPTConfig through the family table, and one name/layout table between
-// transformers' state dict and bridge's global tensors.
+// The Llama family both ways, dense and Mixture of Experts: config.json <-> GPTConfig through the family table, and
+// one name/layout table between transformers' state dict and bridge's global tensors, with a row per expert tensor.
 #include "bridge/hf/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -20,24 +22,67 @@ using nlohmann::json;
 
 // Where a family's attention biases come from.
 enum class AttentionBias {
-  kConfigKey,  ///< config.json's attention_bias, on q, k, v and o (Llama, Qwen3)
+  kConfigKey,  ///< config.json's attention_bias, on q, k, v and o (Llama, Qwen3, Qwen3-MoE, OLMoE)
   kQkvAlways,  ///< q, k and v always have one, o never (Qwen2)
-  kNone,       ///< none (Mistral)
+  kQkvKey,     ///< q, k and v have one when config.json's qkv_bias says so (true unless set), o never (Qwen2-MoE)
+  kNone,       ///< none (Mistral, Mixtral)
 };
+
+// The hub's names in an MoE layer: the block (mlp, or Mixtral's block_sparse_moe) and each expert's gate, up and down
+// projections (gate_proj, up_proj, down_proj, or Mixtral's w1, w3, w2).
+struct ExpertNames {
+  const char* block;
+  const char* gate_proj;
+  const char* up_proj;
+  const char* down_proj;
+};
+
+// transformers 5.x holds every family's experts in memory under Qwen2-MoE's names (mlp.gate, and the fused
+// mlp.experts.gate_up_proj / down_proj), and save_pretrained writes them back under the family's own (its
+// revert_weight_conversion); a file saved with save_original_format=False keeps these.
+constexpr ExpertNames kInMemory = {"mlp", "gate_proj", "up_proj", "down_proj"};
+
+// A family's Mixture of Experts: which config.json keys say what, and its hub names.
+struct Moe {
+  const char* experts_key;       ///< the expert count as the family writes it (num_experts or num_local_experts)
+  const char* also_experts_key;  ///< the same count under the other name, written too (or null)
+  const char* width_key;         ///< one expert's width: moe_intermediate_size, or intermediate_size (no dense MLPs)
+  bool sparse_step;              ///< decoder_sparse_step and mlp_only_layers pick the MoE layers; else every layer
+  bool norm_topk_key;            ///< norm_topk_prob says whether the k weights are renormalised; else always are
+  bool shared_expert;            ///< a shared expert under a sigmoid gate (Qwen2-MoE)
+  ExpertNames names;
+};
+
+// Qwen3-MoE: transformers 5.23 writes num_local_experts (its attribute_map), 4.x and the hub's checkpoints num_experts.
+constexpr Moe kQwen3Moe = {"num_local_experts", "num_experts", "moe_intermediate_size", true, true, false, kInMemory};
+constexpr Moe kQwen2Moe = {"num_experts", nullptr, "moe_intermediate_size", true, true, true, kInMemory};
+constexpr Moe kMixtral = {
+    "num_local_experts", nullptr, "intermediate_size", false, false, false, {"block_sparse_moe", "w1", "w3", "w2"}};
+constexpr Moe kOlmoe = {"num_experts", nullptr, "intermediate_size", false, true, false, kInMemory};
 
 struct Family {
   std::string_view model_type;
   std::string_view architecture;
   AttentionBias bias;
-  bool qk_norm;                ///< q_norm and k_norm per head (Qwen3)
+  bool qk_norm;                ///< q_norm and k_norm per head (Qwen3, Qwen3-MoE)
   const char* sliding_window;  ///< the key that switches a sliding window on, or null
+  const Moe* moe;              ///< its experts, or null (dense)
+  const char* refused;         ///< why bridge cannot compute this family's model, or null
 };
 
 constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", AttentionBias::kConfigKey, false, nullptr},
-    {"mistral", "MistralForCausalLM", AttentionBias::kNone, false, "sliding_window"},
-    {"qwen2", "Qwen2ForCausalLM", AttentionBias::kQkvAlways, false, "use_sliding_window"},
-    {"qwen3", "Qwen3ForCausalLM", AttentionBias::kConfigKey, true, "use_sliding_window"},
+    {"llama", "LlamaForCausalLM", AttentionBias::kConfigKey, false, nullptr, nullptr, nullptr},
+    {"mistral", "MistralForCausalLM", AttentionBias::kNone, false, "sliding_window", nullptr, nullptr},
+    {"qwen2", "Qwen2ForCausalLM", AttentionBias::kQkvAlways, false, "use_sliding_window", nullptr, nullptr},
+    {"qwen3", "Qwen3ForCausalLM", AttentionBias::kConfigKey, true, "use_sliding_window", nullptr, nullptr},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", AttentionBias::kQkvKey, false, "use_sliding_window", &kQwen2Moe, nullptr},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionBias::kConfigKey, true, "use_sliding_window", &kQwen3Moe, nullptr},
+    {"mixtral", "MixtralForCausalLM", AttentionBias::kNone, false, "sliding_window", &kMixtral, nullptr},
+    {"olmoe", "OlmoeForCausalLM", AttentionBias::kConfigKey, false, nullptr, &kOlmoe,
+     "OLMoE's q_norm and k_norm are RMSNorms over the whole query and key projections (num_attention_heads x head_dim "
+     "and num_key_value_heads x head_dim channels at once, one weight each of that width), while bridge's "
+     "model.qk_layernorm normalises each head's head_dim channels on their own: bridge's model cannot compute OLMoE "
+     "(it needs a q/k norm across heads, as Megatron-Bridge's OLMoESelfAttention adds, and clip_qkv)"},
 };
 
 const Family* find_family(std::string_view model_type) {
@@ -48,9 +93,20 @@ const Family* find_family(std::string_view model_type) {
 }
 
 // When a layer tensor exists.
-enum class When { kAlways, kQkvBias, kLinearBias, kQkNorm };
+enum class When {
+  kAlways,
+  kQkvBias,
+  kLinearBias,
+  kQkNorm,
+  kDenseMlp,          ///< a layer that moe_layer_freq leaves dense (every layer of a dense model)
+  kDenseMlpBias,      ///< ... with add_bias_linear
+  kMoe,               ///< an MoE layer
+  kSharedExpert,      ///< an MoE layer with shared experts
+  kSharedExpertGate,  ///< ... gated
+};
 
-bool present(When when, const models::GPTConfig& config) {
+bool present(When when, const models::GPTConfig& config, int64_t layer) {
+  const bool moe = models::is_moe_layer(config, layer);
   switch (when) {
     case When::kQkvBias:
       return config.qkv_bias();
@@ -58,6 +114,16 @@ bool present(When when, const models::GPTConfig& config) {
       return config.add_bias_linear;
     case When::kQkNorm:
       return config.qk_layernorm;
+    case When::kDenseMlp:
+      return !moe;
+    case When::kDenseMlpBias:
+      return !moe && config.add_bias_linear;
+    case When::kMoe:
+      return moe;
+    case When::kSharedExpert:
+      return moe && config.moe_shared_expert_intermediate_size.has_value();
+    case When::kSharedExpertGate:
+      return moe && config.moe_shared_expert_gate;
     case When::kAlways:
       break;
   }
@@ -69,13 +135,16 @@ enum class Join { kOne, kQkv, kStack };
 
 using Shape = std::vector<int64_t> (*)(const models::GPTConfig&);
 
-// One tensor of a layer: bridge's name after "decoder.layers.<n>.", HF's parts after "model.layers.<n>.".
+// One tensor of a layer: bridge's name after "decoder.layers.<n>.", HF's parts after "model.layers.<n>.". In the
+// names, {e} is the expert (global index: one row per expert), and {block}, {gate_proj}, {up_proj} and {down_proj} are
+// the family's words (Moe).
 struct LayerTensor {
   const char* bridge;
   std::vector<const char*> hf;
   Join join;
   When when;
   Shape shape;
+  const char* fused = nullptr;  ///< transformers 5.x's [experts, ...] tensor holding this one of every expert
 };
 
 std::vector<int64_t> hidden(const models::GPTConfig& c) { return {c.hidden_size}; }
@@ -117,25 +186,133 @@ const std::vector<LayerTensor>& layer_tensors() {
       {"mlp.linear_fc1.weight",
        {"mlp.gate_proj.weight", "mlp.up_proj.weight"},
        Join::kStack,
-       When::kAlways,
+       When::kDenseMlp,
        [](const models::GPTConfig& c) {
          return std::vector<int64_t>{2 * c.ffn_size(), c.hidden_size};
        }},
       {"mlp.linear_fc1.bias",
        {"mlp.gate_proj.bias", "mlp.up_proj.bias"},
        Join::kStack,
-       When::kLinearBias,
+       When::kDenseMlpBias,
        [](const models::GPTConfig& c) { return std::vector<int64_t>{2 * c.ffn_size()}; }},
       {"mlp.linear_fc2.weight",
        {"mlp.down_proj.weight"},
        Join::kOne,
-       When::kAlways,
+       When::kDenseMlp,
        [](const models::GPTConfig& c) {
          return std::vector<int64_t>{c.hidden_size, c.ffn_size()};
        }},
-      {"mlp.linear_fc2.bias", {"mlp.down_proj.bias"}, Join::kOne, When::kLinearBias, hidden},
+      {"mlp.linear_fc2.bias", {"mlp.down_proj.bias"}, Join::kOne, When::kDenseMlpBias, hidden},
+      {"mlp.router.weight",
+       {"{block}.gate.weight"},
+       Join::kOne,
+       When::kMoe,
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{*c.num_moe_experts, c.hidden_size};
+       }},
+      {"mlp.experts.local_experts.{e}.linear_fc1.weight",
+       {"{block}.experts.{e}.{gate_proj}.weight", "{block}.experts.{e}.{up_proj}.weight"},
+       Join::kStack,
+       When::kMoe,
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{2 * c.moe_ffn_size(), c.hidden_size};
+       },
+       "mlp.experts.gate_up_proj"},
+      {"mlp.experts.local_experts.{e}.linear_fc2.weight",
+       {"{block}.experts.{e}.{down_proj}.weight"},
+       Join::kOne,
+       When::kMoe,
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{c.hidden_size, c.moe_ffn_size()};
+       },
+       "mlp.experts.down_proj"},
+      {"mlp.shared_experts.linear_fc1.weight",
+       {"{block}.shared_expert.gate_proj.weight", "{block}.shared_expert.up_proj.weight"},
+       Join::kStack,
+       When::kSharedExpert,
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{2 * *c.moe_shared_expert_intermediate_size, c.hidden_size};
+       }},
+      {"mlp.shared_experts.linear_fc2.weight",
+       {"{block}.shared_expert.down_proj.weight"},
+       Join::kOne,
+       When::kSharedExpert,
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{c.hidden_size, *c.moe_shared_expert_intermediate_size};
+       }},
+      {"mlp.shared_experts.gate_weight",
+       {"{block}.shared_expert_gate.weight"},
+       Join::kOne,
+       When::kSharedExpertGate,
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{1, c.hidden_size};
+       }},
   };
   return table;
+}
+
+// A table name in a family's words: {block}, {gate_proj}, {up_proj}, {down_proj} from `names`, {e} the expert.
+std::string expand(std::string_view pattern, const ExpertNames& names, int64_t expert) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size();) {
+    if (pattern[i] != '{') {
+      out += pattern[i++];
+      continue;
+    }
+    const std::size_t end = pattern.find('}', i);
+    const std::string_view word = pattern.substr(i + 1, end - i - 1);
+    out += word == "e"           ? std::to_string(expert)
+           : word == "block"     ? names.block
+           : word == "gate_proj" ? names.gate_proj
+           : word == "up_proj"   ? names.up_proj
+                                 : names.down_proj;
+    i = end + 1;
+  }
+  return out;
+}
+
+// One of bridge's global layer tensors and where a Hugging Face directory holds it.
+struct Mapped {
+  std::string bridge;
+  std::vector<std::string> hub;        ///< the parts as save_pretrained writes them (joined by `join`)
+  std::vector<std::string> in_memory;  ///< transformers 5.x's names for them where those differ (Mixtral's router)
+  std::string fused;                   ///< or 5.x's [experts, ...] tensor, whose slice `expert` this is
+  int64_t expert = -1;
+  Join join = Join::kOne;
+  std::vector<int64_t> shape;
+};
+
+// Every layer tensor of `config`'s model, the experts of an MoE layer one by one.
+std::vector<Mapped> layer_mapping(const models::GPTConfig& config, const Family& family) {
+  std::vector<Mapped> mapping;
+  const ExpertNames& names = family.moe != nullptr ? family.moe->names : kInMemory;
+  for (int64_t n = 0; n < config.num_layers; ++n) {
+    const std::string ours = "decoder.layers." + std::to_string(n) + ".";
+    const std::string theirs = "model.layers." + std::to_string(n) + ".";
+    for (const LayerTensor& tensor : layer_tensors()) {
+      if (!present(tensor.when, config, n)) continue;
+      const bool per_expert = std::string_view(tensor.bridge).find("{e}") != std::string_view::npos;
+      const int64_t experts = per_expert ? *config.num_moe_experts : 1;
+      for (int64_t e = 0; e < experts; ++e) {
+        Mapped mapped;
+        mapped.bridge = ours + expand(tensor.bridge, names, e);
+        for (const char* part : tensor.hf) {
+          mapped.hub.push_back(theirs + expand(part, names, e));
+          mapped.in_memory.push_back(theirs + expand(part, kInMemory, e));
+        }
+        if (mapped.in_memory == mapped.hub) mapped.in_memory.clear();
+        if (tensor.fused != nullptr) {
+          mapped.fused = theirs + tensor.fused;
+          mapped.expert = e;
+          mapped.in_memory.clear();  // 5.x holds experts fused only
+        }
+        mapped.join = tensor.join;
+        mapped.shape = tensor.shape(config);
+        mapping.push_back(std::move(mapped));
+      }
+    }
+  }
+  return mapping;
 }
 
 // RoPE's parameters: transformers 5.x's rope_parameters, or 4.x's rope_theta and rope_scaling (null: none).
@@ -153,9 +330,86 @@ std::string text(double value) {
   return out.str();
 }
 
+std::string text(const models::MoELayerFreq& freq) {
+  if (freq.pattern.empty()) return std::to_string(freq.every);
+  std::string out = "[";
+  for (std::size_t i = 0; i < freq.pattern.size(); ++i) out += (i ? ", " : "") + std::to_string(freq.pattern[i]);
+  return out + "]";
+}
+
+// The model types bridge reads, for messages: "llama, mistral, ..., mixtral".
+std::string readable_types() {
+  std::string out;
+  for (const Family& family : kFamilies) {
+    if (family.refused == nullptr) out += (out.empty() ? "" : ", ") + std::string(family.model_type);
+  }
+  return out;
+}
+
+// config.json's MoE keys as bridge's moe_* fields (`refuse` throws naming the file).
+void read_moe(const json& config, const Moe& moe, models::GPTConfig& gpt,
+              const std::function<void(const std::string&)>& refuse) {
+  const auto required = [&](const char* key) {
+    const auto it = config.find(key);
+    if (it == config.end() || !it->is_number_integer()) refuse(std::string("has no integer ") + key);
+    return it->get<int64_t>();
+  };
+  // Each family reads either name (transformers' attribute_map); they must agree when both are there.
+  const int64_t experts = value_or<int64_t>(config, "num_experts", value_or<int64_t>(config, "num_local_experts", 0));
+  if (value_or<int64_t>(config, "num_local_experts", experts) != experts) {
+    refuse("num_experts (" + std::to_string(experts) + ") and num_local_experts (" +
+           std::to_string(value_or<int64_t>(config, "num_local_experts", 0)) + ") disagree; keep one");
+  }
+  if (experts <= 0) return;  // Qwen-MoE with no experts: every layer dense
+  gpt.num_moe_experts = experts;
+  gpt.moe_router_topk = required("num_experts_per_tok");
+  gpt.moe_ffn_hidden_size = required(moe.width_key);
+  // transformers: softmax over all experts, the top k, renormalised over the k when norm_topk_prob (Mixtral: always).
+  // Megatron-Core's pre_softmax is the softmax over all without renormalising; otherwise the softmax over the k.
+  const bool renormalise = moe.norm_topk_key ? value_or<bool>(config, "norm_topk_prob", false) : true;
+  if (gpt.moe_router_topk == 1 && renormalise) {
+    refuse(std::string("num_experts_per_tok is 1 with the chosen expert's weight renormalised to 1") +
+           (moe.norm_topk_key ? " (norm_topk_prob true)" : "") +
+           "; bridge's router (Megatron-Core's) routes top-1 only with the softmax over all experts, which weighs the "
+           "expert by its probability" +
+           (moe.norm_topk_key ? ": set norm_topk_prob to false for that model" : ""));
+  }
+  gpt.moe_router_pre_softmax = !renormalise;
+  gpt.moe_router_score_function = models::MoERouterScoreFunction::kSoftmax;
+  gpt.moe_aux_loss_coeff = value_or<double>(config, "router_aux_loss_coef", 0.001);
+  if (const double jitter = value_or<double>(config, "router_jitter_noise", 0.0); jitter > 0.0) {
+    refuse("router_jitter_noise is " + text(jitter) +
+           ": Mixtral multiplies its MoE input by uniform noise in training, which bridge's router does not; set "
+           "router_jitter_noise to 0 in config.json to train without it");
+  }
+  if (moe.sparse_step) {
+    // transformers: layer i is MoE unless i is in mlp_only_layers, and then iff (i + 1) % decoder_sparse_step == 0;
+    // Megatron-Core's moe_layer_freq = N means i % N == 0, so anything but every layer becomes the explicit list.
+    const int64_t step = value_or<int64_t>(config, "decoder_sparse_step", 1);
+    if (step < 1) refuse("decoder_sparse_step is " + std::to_string(step) + "; it must be at least 1");
+    std::set<int64_t> dense;
+    for (const json& layer : value_or<json>(config, "mlp_only_layers", json::array())) {
+      if (!layer.is_number_integer()) refuse("mlp_only_layers holds " + layer.dump() + ", not a layer index");
+      dense.insert(layer.get<int64_t>());
+    }
+    std::vector<int64_t> pattern;
+    for (int64_t i = 0; i < gpt.num_layers; ++i) pattern.push_back(dense.count(i) == 0 && (i + 1) % step == 0);
+    gpt.moe_layer_freq = {};
+    if (std::count(pattern.begin(), pattern.end(), 1) != gpt.num_layers) gpt.moe_layer_freq.pattern = pattern;
+  }
+  if (moe.shared_expert) {
+    const int64_t shared = required("shared_expert_intermediate_size");
+    if (shared < 1) refuse("shared_expert_intermediate_size is " + std::to_string(shared) + "; bridge needs >= 1");
+    gpt.moe_shared_expert_intermediate_size = shared;
+    gpt.moe_shared_expert_gate = true;
+  }
+}
+
 }  // namespace
 
 bool is_llama_family(std::string_view model_type) { return find_family(model_type) != nullptr; }
+
+std::string llama_model_types() { return readable_types(); }
 
 models::GPTConfig llama_config(const fs::path& directory) {
   const json config = detail::read_config(directory);
@@ -163,9 +417,10 @@ models::GPTConfig llama_config(const fs::path& directory) {
   const std::string type = value_or<std::string>(config, "model_type", "");
   const Family* family = find_family(type);
   if (family == nullptr) {
-    throw std::runtime_error(where + ": model_type is '" + type + "'; this bridge reads llama, mistral, qwen2, qwen3");
+    throw std::runtime_error(where + ": model_type is '" + type + "'; this bridge reads " + readable_types());
   }
   const auto refuse = [&](const std::string& why) { throw std::runtime_error(where + ": " + why); };
+  if (family->refused != nullptr) refuse("model_type " + type + " is not supported: " + family->refused);
   models::GPTConfig gpt;
   gpt.num_layers = value_or<int64_t>(config, "num_hidden_layers", 32);
   gpt.hidden_size = value_or<int64_t>(config, "hidden_size", 4096);
@@ -213,8 +468,17 @@ models::GPTConfig llama_config(const fs::path& directory) {
     case AttentionBias::kQkvAlways:
       gpt.add_qkv_bias = true;
       break;
+    case AttentionBias::kQkvKey:
+      gpt.add_qkv_bias = value_or<bool>(config, "qkv_bias", true);
+      break;
     case AttentionBias::kNone:
       break;
+  }
+  if (family->moe != nullptr) read_moe(config, *family->moe, gpt, refuse);
+  if (gpt.num_moe_experts && attention_bias) {
+    refuse(
+        "attention_bias is true; bridge's Mixture-of-Experts models have no biases on their linear layers "
+        "(model.add_bias_linear is false with experts), so q, k, v and o cannot have them");
   }
   if (attention_bias != mlp_bias) {
     refuse(std::string("attention_bias is ") + (attention_bias ? "true" : "false") + " but mlp_bias is " +
@@ -275,6 +539,33 @@ void check_llama_config(const fs::path& directory, const models::GPTConfig& conf
   }
   require(config.share_embeddings_and_output_weights == theirs.share_embeddings_and_output_weights,
           "share_embeddings_and_output_weights", flag(theirs.share_embeddings_and_output_weights));
+  // The experts: their number, the layers that have them (compared layer by layer: moe_layer_freq 1 and [1, 1, 1, 1]
+  // are the same model), their width, the routing, the shared expert.
+  require(config.num_moe_experts == theirs.num_moe_experts, "num_moe_experts",
+          theirs.num_moe_experts ? std::to_string(*theirs.num_moe_experts) : "null (a dense model)");
+  if (theirs.num_moe_experts) {
+    for (int64_t layer = 0; layer < theirs.num_layers; ++layer) {
+      require(models::is_moe_layer(config, layer) == models::is_moe_layer(theirs, layer), "moe_layer_freq",
+              text(theirs.moe_layer_freq));
+    }
+    require(config.moe_ffn_size() == theirs.moe_ffn_size(), "moe_ffn_hidden_size",
+            std::to_string(theirs.moe_ffn_size()));
+    require(config.moe_router_topk == theirs.moe_router_topk, "moe_router_topk",
+            std::to_string(theirs.moe_router_topk));
+    require(config.moe_router_score_function == theirs.moe_router_score_function, "moe_router_score_function",
+            "softmax");
+    require(config.moe_router_pre_softmax == theirs.moe_router_pre_softmax, "moe_router_pre_softmax",
+            flag(theirs.moe_router_pre_softmax));
+    require(!config.moe_router_topk_scaling_factor, "moe_router_topk_scaling_factor", "null");
+    require(!config.moe_router_num_groups, "moe_router_num_groups", "null (no group-limited routing)");
+    require(!config.moe_router_enable_expert_bias, "moe_router_enable_expert_bias", "false");
+    require(config.moe_shared_expert_intermediate_size == theirs.moe_shared_expert_intermediate_size,
+            "moe_shared_expert_intermediate_size",
+            theirs.moe_shared_expert_intermediate_size ? std::to_string(*theirs.moe_shared_expert_intermediate_size)
+                                                       : "null");
+    require(config.moe_shared_expert_gate == theirs.moe_shared_expert_gate, "moe_shared_expert_gate",
+            flag(theirs.moe_shared_expert_gate));
+  }
   // A sliding window shorter than the sequence changes what attention sees; bridge's is full causal attention.
   const json hf = detail::read_config(directory);
   const Family& family = *find_family(value_or<std::string>(hf, "model_type", ""));
@@ -292,14 +583,37 @@ void check_llama_config(const fs::path& directory, const models::GPTConfig& conf
   }
 }
 
-std::map<std::string, torch::Tensor> load_llama_weights(const fs::path& directory, const models::GPTConfig& config) {
+std::map<std::string, torch::Tensor> load_llama_weights(const fs::path& directory, const models::GPTConfig& config,
+                                                        const std::function<bool(const std::string&)>& wanted) {
   check_llama_config(directory, config);
-  const std::map<std::string, torch::Tensor> file = detail::read_weights(directory);
+  const Family& family = *find_family(value_or<std::string>(detail::read_config(directory), "model_type", ""));
+  const std::vector<Mapped> mapping = layer_mapping(config, family);
+  const auto keep = [&](const std::string& name) { return !wanted || wanted(name); };
+  // The directory's names for the wanted tensors: a sharded directory's other shards are not read.
+  std::set<std::string> needed;
+  if (keep("embedding.word_embeddings.weight")) needed.insert("model.embed_tokens.weight");
+  if (keep("decoder.final_layernorm.weight")) needed.insert("model.norm.weight");
+  if (keep("output_layer.weight")) needed.insert("lm_head.weight");
+  for (const Mapped& mapped : mapping) {
+    if (!keep(mapped.bridge)) continue;
+    needed.insert(mapped.hub.begin(), mapped.hub.end());
+    needed.insert(mapped.in_memory.begin(), mapped.in_memory.end());
+    if (!mapped.fused.empty()) needed.insert(mapped.fused);
+  }
+  const std::map<std::string, torch::Tensor> file =
+      detail::read_weights(directory, [&](const std::string& name) { return needed.count(name) > 0; });
   const std::string where = directory.string();
   const auto take = [&](const std::string& name) {
     const auto it = file.find(name);
     if (it == file.end()) throw std::runtime_error(where + " has no tensor " + name + ": not a model of this config");
     return it->second.to(torch::kFloat32);
+  };
+  const auto has_all = [&](const std::vector<std::string>& names) {
+    if (names.empty()) return false;
+    for (const std::string& name : names) {
+      if (file.count(name) == 0) return false;
+    }
+    return true;
   };
   std::map<std::string, torch::Tensor> weights;
   const auto put = [&](const std::string& name, const torch::Tensor& tensor, const std::vector<int64_t>& shape) {
@@ -310,22 +624,34 @@ std::map<std::string, torch::Tensor> load_llama_weights(const fs::path& director
     weights[name] = tensor.contiguous();
   };
   const int64_t h = config.hidden_size;
-  put("embedding.word_embeddings.weight", take("model.embed_tokens.weight"), {config.vocab_size, h});
-  for (int64_t n = 0; n < config.num_layers; ++n) {
-    const std::string ours = "decoder.layers." + std::to_string(n) + ".";
-    const std::string theirs = "model.layers." + std::to_string(n) + ".";
-    for (const LayerTensor& tensor : layer_tensors()) {
-      if (!present(tensor.when, config)) continue;
-      std::vector<torch::Tensor> parts;
-      for (const char* part : tensor.hf) parts.push_back(take(theirs + part));
-      torch::Tensor value = tensor.join == Join::kQkv     ? models::fuse_qkv(parts[0], parts[1], parts[2], config)
-                            : tensor.join == Join::kStack ? torch::cat(parts, 0)
-                                                          : parts[0];
-      put(ours + tensor.bridge, value, tensor.shape(config));
-    }
+  if (keep("embedding.word_embeddings.weight")) {
+    put("embedding.word_embeddings.weight", take("model.embed_tokens.weight"), {config.vocab_size, h});
   }
-  put("decoder.final_layernorm.weight", take("model.norm.weight"), {h});
-  if (!config.share_embeddings_and_output_weights) {
+  for (const Mapped& mapped : mapping) {
+    if (!keep(mapped.bridge)) continue;
+    torch::Tensor value;
+    if (!has_all(mapped.hub) && !mapped.fused.empty() && file.count(mapped.fused) > 0) {
+      // transformers 5.x's fused experts, [experts, rows, columns]: this expert's slice.
+      const torch::Tensor all = take(mapped.fused);
+      if (all.dim() != 3 || all.size(0) != *config.num_moe_experts) {
+        throw std::runtime_error(where + ": " + mapped.fused + " is " + detail::shape_of(all) + ", the model needs " +
+                                 std::to_string(*config.num_moe_experts) + " experts of " +
+                                 detail::shape_of(torch::empty(mapped.shape)));
+      }
+      value = all.select(0, mapped.expert);
+    } else {
+      const std::vector<std::string>& names =
+          !has_all(mapped.hub) && has_all(mapped.in_memory) ? mapped.in_memory : mapped.hub;
+      std::vector<torch::Tensor> parts;
+      for (const std::string& part : names) parts.push_back(take(part));
+      value = mapped.join == Join::kQkv     ? models::fuse_qkv(parts[0], parts[1], parts[2], config)
+              : mapped.join == Join::kStack ? torch::cat(parts, 0)
+                                            : parts[0];
+    }
+    put(mapped.bridge, value, mapped.shape);
+  }
+  if (keep("decoder.final_layernorm.weight")) put("decoder.final_layernorm.weight", take("model.norm.weight"), {h});
+  if (!config.share_embeddings_and_output_weights && keep("output_layer.weight")) {
     put("output_layer.weight", take("lm_head.weight"), {config.vocab_size, h});
   }
   return weights;
@@ -336,12 +662,13 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
                 const HfArtifacts& artifacts) {
   const Family* family = find_family(model_type);
   if (family == nullptr) {
-    throw std::invalid_argument("save_llama: model_type '" + std::string(model_type) +
-                                "' is not one of llama, mistral, qwen2, qwen3");
+    throw std::invalid_argument("save_llama: model_type '" + std::string(model_type) + "' is not one of " +
+                                readable_types());
   }
   const auto need = [&](bool ok, const std::string& why) {
     if (!ok) throw std::invalid_argument("cannot write a " + std::string(model_type) + " model: " + why);
   };
+  need(family->refused == nullptr, family->refused != nullptr ? family->refused : "");
   need(config.normalization == models::Normalization::kRMSNorm, "its norms are RMSNorm (model.normalization)");
   need(config.position_embedding_type == models::PositionEmbeddingType::kRope,
        "its positions are RoPE (model.position_embedding_type)");
@@ -349,10 +676,38 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
   need(config.qk_layernorm == family->qk_norm,
        std::string("q/k norms are ") + (family->qk_norm ? "" : "not ") + "part of it (model.qk_layernorm)");
   const bool qkv_only_bias = config.add_qkv_bias && !config.add_bias_linear;
-  need(qkv_only_bias == (family->bias == AttentionBias::kQkvAlways),
-       "QKV biases without the other biases (model.add_qkv_bias) are Qwen2's alone");
+  if (family->bias != AttentionBias::kQkvKey) {
+    need(qkv_only_bias == (family->bias == AttentionBias::kQkvAlways),
+         "QKV biases without the other biases (model.add_qkv_bias) are Qwen2's and Qwen2-MoE's alone");
+  }
   need(!config.add_bias_linear || family->bias == AttentionBias::kConfigKey,
        "it has no biases on its linear layers (model.add_bias_linear)");
+  const Moe* moe = family->moe;
+  need(config.num_moe_experts.has_value() == (moe != nullptr),
+       moe != nullptr ? "it is a Mixture of Experts (model.num_moe_experts)"
+                      : "it has no experts (model.num_moe_experts is set: export the model as qwen3_moe, qwen2_moe or "
+                        "mixtral)");
+  std::vector<int64_t> dense_layers;
+  if (moe != nullptr) {
+    need(config.moe_router_score_function == models::MoERouterScoreFunction::kSoftmax,
+         "its router takes the softmax of its logits (model.moe_router_score_function)");
+    need(!config.moe_router_topk_scaling_factor,
+         "its routing weights are not scaled (model.moe_router_topk_scaling_factor)");
+    need(!config.moe_router_num_groups, "its routing is not group-limited (model.moe_router_num_groups)");
+    need(!config.moe_router_enable_expert_bias, "its router has no expert bias (model.moe_router_enable_expert_bias)");
+    need(moe->norm_topk_key || !config.moe_router_pre_softmax,
+         "it always renormalises the chosen experts' weights (model.moe_router_pre_softmax must be false)");
+    need(config.moe_shared_expert_intermediate_size.has_value() == moe->shared_expert,
+         moe->shared_expert
+             ? "its MoE layers have a shared expert (model.moe_shared_expert_intermediate_size)"
+             : "it has no shared experts (model.moe_shared_expert_intermediate_size; Qwen2-MoE has one)");
+    need(config.moe_shared_expert_gate == moe->shared_expert,
+         "its shared expert is scaled by a sigmoid gate (model.moe_shared_expert_gate)");
+    for (int64_t n = 0; n < config.num_layers; ++n) {
+      if (!models::is_moe_layer(config, n)) dense_layers.push_back(n);
+    }
+    need(moe->sparse_step || dense_layers.empty(), "every layer of it is MoE (model.moe_layer_freq)");
+  }
   const auto get = [&](const std::string& name) {
     const auto it = weights.find(name);
     if (it == weights.end()) throw std::invalid_argument("save_llama: no weight " + name);
@@ -360,23 +715,18 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
   };
   std::map<std::string, torch::Tensor> tensors;
   tensors["model.embed_tokens.weight"] = get("embedding.word_embeddings.weight").narrow(0, 0, config.vocab_size);
-  for (int64_t n = 0; n < config.num_layers; ++n) {
-    const std::string ours = "decoder.layers." + std::to_string(n) + ".";
-    const std::string theirs = "model.layers." + std::to_string(n) + ".";
-    for (const LayerTensor& tensor : layer_tensors()) {
-      if (!present(tensor.when, config)) continue;
-      const torch::Tensor value = get(ours + tensor.bridge);
-      std::vector<torch::Tensor> parts;
-      if (tensor.join == Join::kQkv) {
-        const auto [q, k, v] = models::split_qkv(value, config);
-        parts = {q, k, v};
-      } else if (tensor.join == Join::kStack) {
-        parts = value.chunk(2, 0);
-      } else {
-        parts = {value};
-      }
-      for (std::size_t i = 0; i < parts.size(); ++i) tensors[theirs + tensor.hf[i]] = parts[i].contiguous();
+  for (const Mapped& mapped : layer_mapping(config, *family)) {
+    const torch::Tensor value = get(mapped.bridge);
+    std::vector<torch::Tensor> parts;
+    if (mapped.join == Join::kQkv) {
+      const auto [q, k, v] = models::split_qkv(value, config);
+      parts = {q, k, v};
+    } else if (mapped.join == Join::kStack) {
+      parts = value.chunk(2, 0);
+    } else {
+      parts = {value};
     }
+    for (std::size_t i = 0; i < parts.size(); ++i) tensors[mapped.hub[i]] = parts[i].contiguous();
   }
   tensors["model.norm.weight"] = get("decoder.final_layernorm.weight");
   if (!config.share_embeddings_and_output_weights) {
@@ -413,6 +763,7 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
       {"dtype", "float32"},
   };
   if (family->bias == AttentionBias::kConfigKey) hf["attention_bias"] = config.add_bias_linear;
+  if (family->bias == AttentionBias::kQkvKey) hf["qkv_bias"] = config.add_qkv_bias;
   if (model_type == "llama") hf["mlp_bias"] = config.add_bias_linear;
   if (family->sliding_window != nullptr) {
     if (std::string_view(family->sliding_window) == "sliding_window") {
@@ -420,6 +771,20 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
     } else {
       hf[family->sliding_window] = false;
     }
+  }
+  if (moe != nullptr) {
+    hf[moe->experts_key] = *config.num_moe_experts;
+    if (moe->also_experts_key != nullptr) hf[moe->also_experts_key] = *config.num_moe_experts;
+    hf["num_experts_per_tok"] = config.moe_router_topk;
+    hf[moe->width_key] = config.moe_ffn_size();  // Mixtral's intermediate_size: it has no dense MLPs
+    if (moe->norm_topk_key) hf["norm_topk_prob"] = !config.moe_router_pre_softmax;
+    hf["router_aux_loss_coef"] = config.moe_aux_loss_coeff;
+    hf["output_router_logits"] = false;
+    if (moe->sparse_step) {
+      hf["decoder_sparse_step"] = 1;
+      hf["mlp_only_layers"] = dense_layers;
+    }
+    if (moe->shared_expert) hf["shared_expert_intermediate_size"] = *config.moe_shared_expert_intermediate_size;
   }
   detail::write_directory(directory, tensors, hf, max_shard_bytes, artifacts);
 }
