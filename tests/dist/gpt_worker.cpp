@@ -24,9 +24,10 @@
 //   gpt_worker caught_failure <failing_rank> <tp> <pp> <step|callback>
 //       the step function (or an on_train_step_end callback) throws on one rank in step 3, which catches the error and
 //       sleeps 10 s; every rank prints how long it took to fail and exits 3.
-//   gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>
+//   gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0> [<ep> [<etp|0>]]
 //       pretrain() one step from the Hugging Face model in <hf_dir> (checkpoint.pretrained_checkpoint=hf:<hf_dir>),
-//       saving to <out_dir>/ckpt; the last rank writes the model's logits for the token ids of <ids> (a safetensors
+//       an MoE model's experts over <ep> ranks each split over <etp> (0: tp; sequence-parallel at tp > 1), saving to
+//       <out_dir>/ckpt; the last rank writes the model's logits for the token ids of <ids> (a safetensors
 //       file) as loaded (<out_dir>/start.safetensors) and after the step (<out_dir>/end.safetensors), and the
 //       TextGenerator's greedy continuation of a byte-level prompt as loaded (<out_dir>/generated.safetensors).
 //
@@ -446,10 +447,15 @@ int run_caught_failure(int failing_rank, int tp, int pp, const std::string& wher
   return 0;
 }
 
-int run_hf(const std::string& hf_dir, const std::string& ids_path, const std::string& out_dir, int tp, int pp,
-           int vpp) {
+// `ep`, `etp`: an MoE model's expert layout (etp 0: the tensor-parallel size).
+int run_hf(const std::string& hf_dir, const std::string& ids_path, const std::string& out_dir, int tp, int pp, int vpp,
+           int ep, int etp) {
   ConfigContainer config = testing::tiny_gpt_config(tp, pp, vpp, /*steps=*/1);
   config.model = hf::hf_model_config(hf_dir);
+  config.parallelism.expert_model_parallel_size = ep;
+  if (etp > 0) config.parallelism.expert_tensor_parallel_size = etp;
+  // Megatron-Core runs an MoE model at tp > 1 only sequence-parallel.
+  if (config.model.num_moe_experts && tp > 1) config.model.sequence_parallel = true;
   config.model.seq_length = 32;  // tests/tools/hf_models.py's token ids
   config.model.hidden_dropout = config.model.attention_dropout = 0.0;
   config.model.make_vocab_size_divisible_by = 64;  // 301 pads to 320 at tp1, 384 at tp2: the padding differs
@@ -504,7 +510,7 @@ int main(int argc, char** argv) {
       "       gpt_worker builtins <out_dir>\n"
       "       gpt_worker endpoint <out_dir>\n"
       "       gpt_worker generate <out_dir> <tp> <pp> <vpp|0> [sp]\n"
-      "       gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0>\n",
+      "       gpt_worker hf <hf_dir> <ids> <out_dir> <tp> <pp> <vpp|0> [<ep> [<etp|0>]]\n",
       [&](const std::string& scenario) {
         if (scenario == "parity" && argc >= 7 && argc <= 9) {
           return run_parity(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), std::stoll(argv[6]),
@@ -525,8 +531,9 @@ int main(int argc, char** argv) {
         if (scenario == "generate" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "sp"))) {
           return run_generate(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), argc == 7);
         }
-        if (scenario == "hf" && argc == 8) {
-          return run_hf(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]));
+        if (scenario == "hf" && argc >= 8 && argc <= 10) {
+          return run_hf(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]), std::stoi(argv[7]),
+                        argc >= 9 ? std::stoi(argv[8]) : 1, argc == 10 ? std::stoi(argv[9]) : 0);
         }
         if (scenario == "control" && argc == 6) {
           return run_control(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5]);
