@@ -1,10 +1,14 @@
 // The Hugging Face bridges against transformers itself (tests/tools/hf_models.py, the tests' venv): tiny random
 // GPT-2, Llama (grouped queries, untied; Llama 3.1's rope scaling, tied), Mistral, Qwen2 (QKV biases) and Qwen3 (q/k
-// norms) models loaded with checkpoint.pretrained_checkpoint=hf:<dir> give transformers' logits to fp32 round-off at
-// tp1, tp2, pp2 and pp2 x 2 virtual chunks (real ranks); after a training step, bridge-export writes a directory that
+// norms) models, and the Mixture-of-Experts Qwen3-MoE (a dense layer between MoE ones), Qwen2-MoE (a gated shared
+// expert, every second layer MoE) and Mixtral, loaded with checkpoint.pretrained_checkpoint=hf:<dir> give
+// transformers' logits to fp32 round-off at tp1, tp2, pp2 and pp2 x 2 virtual chunks, and the MoE ones at expert
+// parallelism 2 and tp2 x ep2 (real ranks); after a training step, bridge-export writes a directory that
 // AutoModelForCausalLM.from_pretrained loads, with the logits bridge had, keeping the source's context, token ids,
 // generation_config.json and tokenizer (AutoTokenizer loads it; a run started from the export uses it); the
-// TextGenerator's greedy continuation is transformers' generate()'s. Also the safetensors reader's errors.
+// TextGenerator's greedy continuation is transformers' generate()'s. The MoE config.json keys as bridge's moe_*
+// fields, an export's files as save_pretrained's, transformers 5.x's fused expert tensors read, a rank's own experts
+// read alone, and OLMoE (q/k norms across heads) refused saying why. Also the safetensors reader's errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,8 +17,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
+#include <set>
 #include <utility>
 
+#include "bridge/hf/auto_bridge.h"
 #include "bridge/hf/hf_files_internal.h"
 #include "tests/dist/spawn.h"
 #include "utils/safetensors.h"
@@ -97,13 +104,17 @@ const Reference& reference(const std::string& family) {
 
 double max_difference(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-fs::path run_layout(const std::string& family, const std::string& name, int tp, int pp, int vpp) {
+// `ep`, `etp`: an MoE model's expert layout (etp 0: tp). The world is the smallest that both the dense layout
+// (tp x pp x dp) and the expert one (etp x ep x expert dp x pp) divide.
+fs::path run_layout(const std::string& family, const std::string& name, int tp, int pp, int vpp, int ep = 1,
+                    int etp = 0) {
   const Reference& r = reference(family);
   const fs::path out = scratch(family + "_" + name);
-  const auto results = run_ranks(
-      BRIDGE_GPT_WORKER,
-      {"hf", r.hf.string(), r.ids.string(), out.string(), std::to_string(tp), std::to_string(pp), std::to_string(vpp)},
-      tp * pp, std::chrono::seconds(300));
+  const int world = std::lcm(tp * pp, (etp > 0 ? etp : tp) * ep * pp);
+  const auto results = run_ranks(BRIDGE_GPT_WORKER,
+                                 {"hf", r.hf.string(), r.ids.string(), out.string(), std::to_string(tp),
+                                  std::to_string(pp), std::to_string(vpp), std::to_string(ep), std::to_string(etp)},
+                                 world, std::chrono::seconds(300));
   expect_all_ok(results, "hf: ok");
   return out;
 }
@@ -118,23 +129,29 @@ class HuggingFace : public ::testing::Test {
   }
 };
 
-// A family in a tp/pp/vpp layout (vpp 0: no virtual pipeline).
+// A family in a tp/pp/vpp layout (vpp 0: no virtual pipeline), with an MoE model's experts over ep ranks, each split
+// over etp (0: tp).
 struct Layout {
   const char* family;
   int tp, pp, vpp;
+  int ep = 1, etp = 0;
 };
 std::string layout_name(const Layout& layout) {
   std::string name = std::string(layout.family) + "_tp" + std::to_string(layout.tp) + "_pp" + std::to_string(layout.pp);
-  return layout.vpp ? name + "_vpp" + std::to_string(layout.vpp) : name;
+  if (layout.vpp) name += "_vpp" + std::to_string(layout.vpp);
+  if (layout.ep > 1) name += "_ep" + std::to_string(layout.ep);
+  return layout.etp ? name + "_etp" + std::to_string(layout.etp) : name;
 }
 
 class HuggingFaceLogits : public HuggingFace, public ::testing::WithParamInterface<Layout> {};
 
 // checkpoint.pretrained_checkpoint=hf:<dir> gives transformers' logits to fp32 round-off, with GQA groups split over
-// tp2 and the layers over pipeline stages and virtual chunks.
+// tp2, the layers over pipeline stages and virtual chunks, and an MoE model's experts over expert-parallel ranks (tp2
+// runs it sequence-parallel, as Megatron-Core requires).
 TEST_P(HuggingFaceLogits, ImportedLogitsAreTransformers) {
   const Layout& layout = GetParam();
-  const fs::path out = run_layout(layout.family, layout_name(layout), layout.tp, layout.pp, layout.vpp);
+  const fs::path out =
+      run_layout(layout.family, layout_name(layout), layout.tp, layout.pp, layout.vpp, layout.ep, layout.etp);
   const torch::Tensor expected = logits_in(reference(layout.family).logits);
   const torch::Tensor ours = logits_in(out / "start.safetensors");
   ASSERT_EQ(ours.sizes(), expected.sizes());
@@ -150,15 +167,18 @@ TEST_P(HuggingFaceLogits, ImportedLogitsAreTransformers) {
   fs::remove_all(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceLogits,
-                         ::testing::Values(Layout{"gpt2", 1, 1, 0}, Layout{"gpt2", 2, 1, 0}, Layout{"gpt2", 1, 2, 0},
-                                           Layout{"gpt2", 1, 2, 2}, Layout{"llama", 1, 1, 0}, Layout{"llama", 2, 1, 0},
-                                           Layout{"llama", 1, 2, 0}, Layout{"llama", 1, 2, 2},
-                                           Layout{"llama31", 1, 1, 0}, Layout{"llama31", 2, 1, 0},
-                                           Layout{"mistral", 2, 1, 0}, Layout{"qwen2", 1, 1, 0},
-                                           Layout{"qwen2", 2, 1, 0}, Layout{"qwen3", 1, 1, 0}, Layout{"qwen3", 2, 1, 0},
-                                           Layout{"qwen3", 1, 2, 0}),
-                         [](const ::testing::TestParamInfo<Layout>& info) { return layout_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Families, HuggingFaceLogits,
+    ::testing::Values(Layout{"gpt2", 1, 1, 0}, Layout{"gpt2", 2, 1, 0}, Layout{"gpt2", 1, 2, 0},
+                      Layout{"gpt2", 1, 2, 2}, Layout{"llama", 1, 1, 0}, Layout{"llama", 2, 1, 0},
+                      Layout{"llama", 1, 2, 0}, Layout{"llama", 1, 2, 2}, Layout{"llama31", 1, 1, 0},
+                      Layout{"llama31", 2, 1, 0}, Layout{"mistral", 2, 1, 0}, Layout{"qwen2", 1, 1, 0},
+                      Layout{"qwen2", 2, 1, 0}, Layout{"qwen3", 1, 1, 0}, Layout{"qwen3", 2, 1, 0},
+                      Layout{"qwen3", 1, 2, 0}, Layout{"qwen3_moe", 1, 1, 0}, Layout{"qwen3_moe", 2, 1, 0},
+                      Layout{"qwen3_moe", 1, 2, 0}, Layout{"qwen3_moe", 1, 1, 0, 2}, Layout{"qwen3_moe", 2, 1, 0, 2, 1},
+                      Layout{"qwen2_moe", 1, 1, 0}, Layout{"qwen2_moe", 1, 1, 0, 2}, Layout{"qwen2_moe", 2, 1, 0, 2, 1},
+                      Layout{"mixtral", 1, 1, 0}, Layout{"mixtral", 1, 1, 0, 2}, Layout{"mixtral", 2, 1, 0, 2, 1}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return layout_name(info.param); });
 
 class HuggingFaceExport : public HuggingFace, public ::testing::WithParamInterface<const char*> {};
 
@@ -172,13 +192,15 @@ std::map<std::string, std::pair<std::uintmax_t, fs::file_time_type>> listing(con
   return files;
 }
 
-// One training step at tp2, bridge-export, then AutoModelForCausalLM.from_pretrained: transformers' logits are the
-// trained model's, the exported config.json names the family it came from, and the export keeps the source's context
-// (Llama 3.1's 128 positions, not the training 32), token ids, generation_config.json and tokenizer (Llama's:
-// AutoTokenizer encodes as the source's does, and a run started from the export takes it as its tokenizer).
+// One training step at tp2 (an MoE model's experts over ep2, whole on each rank), bridge-export, then
+// AutoModelForCausalLM.from_pretrained: transformers' logits are the trained model's, the exported config.json names
+// the family it came from, and the export keeps the source's context (Llama 3.1's 128 positions, not the training
+// 32), token ids, generation_config.json and tokenizer (Llama's: AutoTokenizer encodes as the source's does, and a run
+// started from the export takes it as its tokenizer).
 TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
   const std::string family = GetParam();
-  const fs::path out = run_layout(family, "roundtrip", 2, 1, 0);
+  const bool moe = family.find("_moe") != std::string::npos || family == "mixtral";
+  const fs::path out = run_layout(family, "roundtrip", 2, 1, 0, moe ? 2 : 1, moe ? 1 : 0);
   const fs::path exported = out / "exported";
   fs::create_directories(exported);
   std::ofstream(exported / "README.md") << "a file of the user's, which an export leaves alone\n";
@@ -334,8 +356,213 @@ TEST_P(HuggingFaceExport, TrainedAtTp2ExportsToWhatTransformersLoads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceExport,
-                         ::testing::Values("gpt2", "llama", "llama31", "mistral", "qwen2", "qwen3"),
+                         ::testing::Values("gpt2", "llama", "llama31", "mistral", "qwen2", "qwen3", "qwen3_moe",
+                                           "qwen2_moe", "mixtral"),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+
+// The message of what `run` throws ("" when it throws nothing).
+template <class F>
+std::string thrown_by(F run) {
+  try {
+    run();
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// The MoE families' config.json as bridge's moe_* fields: the expert count (num_experts or num_local_experts), the
+// expert width, norm_topk_prob as moe_router_pre_softmax = !norm_topk_prob (Mixtral always renormalises),
+// decoder_sparse_step and mlp_only_layers as an explicit moe_layer_freq list, the shared expert and its gate,
+// router_aux_loss_coef; an export picks the family back from the shape, and an hf: start adopts the experts.
+TEST_F(HuggingFace, MoeConfigJsonAsBridgesFields) {
+  using bridge::hf::hf_model_config;
+  using bridge::hf::hf_model_type_for;
+  const bridge::models::GPTConfig qwen3 = hf_model_config(reference("qwen3_moe").hf);
+  ASSERT_TRUE(qwen3.num_moe_experts.has_value());
+  EXPECT_EQ(*qwen3.num_moe_experts, 4);  // config.json's num_local_experts, as transformers 5.23 writes it
+  EXPECT_EQ(qwen3.moe_router_topk, 2);
+  EXPECT_EQ(qwen3.moe_ffn_size(), 32);
+  EXPECT_EQ(qwen3.ffn_size(), 96);                                              // the dense layer's
+  EXPECT_EQ(qwen3.moe_layer_freq.pattern, (std::vector<int64_t>{1, 0, 1, 1}));  // mlp_only_layers [1]
+  EXPECT_FALSE(qwen3.moe_router_pre_softmax);                                   // norm_topk_prob true
+  EXPECT_FALSE(qwen3.moe_shared_expert_intermediate_size.has_value());
+  EXPECT_TRUE(qwen3.qk_layernorm);
+  EXPECT_DOUBLE_EQ(qwen3.moe_aux_loss_coeff, 0.001);
+  EXPECT_EQ(hf_model_type_for(qwen3), "qwen3_moe");
+  const bridge::models::GPTConfig qwen2 = hf_model_config(reference("qwen2_moe").hf);
+  EXPECT_EQ(qwen2.moe_layer_freq.pattern, (std::vector<int64_t>{0, 1, 0, 1}));  // decoder_sparse_step 2
+  EXPECT_TRUE(qwen2.moe_router_pre_softmax);                                    // norm_topk_prob false
+  EXPECT_EQ(qwen2.moe_shared_expert_intermediate_size, std::optional<int64_t>(48));
+  EXPECT_TRUE(qwen2.moe_shared_expert_gate);
+  EXPECT_TRUE(qwen2.add_qkv_bias);
+  EXPECT_FALSE(qwen2.add_bias_linear);
+  EXPECT_EQ(hf_model_type_for(qwen2), "qwen2_moe");
+  const bridge::models::GPTConfig mixtral = hf_model_config(reference("mixtral").hf);
+  EXPECT_EQ(mixtral.num_moe_experts, std::optional<int64_t>(4));
+  EXPECT_TRUE(mixtral.moe_layer_freq.pattern.empty());  // every layer
+  EXPECT_EQ(mixtral.moe_layer_freq.every, 1);
+  EXPECT_EQ(mixtral.moe_ffn_size(), 32);  // intermediate_size
+  EXPECT_FALSE(mixtral.moe_router_pre_softmax);
+  EXPECT_DOUBLE_EQ(mixtral.moe_aux_loss_coeff, 0.01);
+  EXPECT_EQ(hf_model_type_for(mixtral), "mixtral");
+  // An hf: start takes the experts from config.json; the run's own training choices stay.
+  bridge::models::GPTConfig run;
+  run.moe_aux_loss_coeff = 0.05;
+  const bridge::models::GPTConfig adopted = bridge::hf::with_hf_architecture(run, qwen3);
+  EXPECT_EQ(adopted.num_moe_experts, qwen3.num_moe_experts);
+  EXPECT_EQ(adopted.moe_layer_freq, qwen3.moe_layer_freq);
+  EXPECT_DOUBLE_EQ(adopted.moe_aux_loss_coeff, 0.05);
+  EXPECT_THAT(bridge::hf::architecture_differences(run, qwen3),
+              ::testing::IsSupersetOf({"model.num_moe_experts (null, config.json: 4)",
+                                       "model.moe_layer_freq (1, config.json: [1, 0, 1, 1])",
+                                       "model.moe_ffn_hidden_size (null, config.json: 32)"}));
+}
+
+// What bridge cannot compute is refused at import, naming the file and the key: OLMoE's q/k norms across heads
+// (bridge-pretrain exits 2 before any rank starts), Mixtral's router jitter, biases in an MoE model, top-1 routing with
+// the weight renormalised to 1, two expert counts that disagree; an export as a family the model is not of names the
+// model.* field.
+TEST_F(HuggingFace, MoeRefusesWhatBridgeCannotCompute) {
+  const fs::path out = scratch("moe_refusals");
+  const auto olmoe =
+      run_command({BRIDGE_PRETRAIN, "checkpoint.pretrained_checkpoint=hf:" + reference("olmoe").hf.string(),
+                   "model.seq_length=32", "--print-config"},
+                  std::chrono::seconds(120));
+  EXPECT_EQ(olmoe.exit_code, 2) << olmoe.output;
+  EXPECT_THAT(olmoe.output, AllOf(HasSubstr("model_type olmoe is not supported"),
+                                  HasSubstr("RMSNorms over the whole query and key projections")));
+  const auto edited = [&](const std::string& family, const std::string& name, const nlohmann::json& changes) {
+    const fs::path directory = out / name;
+    fs::create_directories(directory);
+    nlohmann::json config;
+    std::ifstream(reference(family).hf / "config.json") >> config;
+    config.update(changes);
+    std::ofstream(directory / "config.json") << config.dump();
+    return directory;
+  };
+  const auto expect_refused = [&](const fs::path& directory, const std::string& part) {
+    EXPECT_THAT(thrown_by([&] { bridge::hf::hf_model_config(directory); }),
+                AllOf(HasSubstr((directory / "config.json").string()), HasSubstr(part)));
+  };
+  expect_refused(edited("mixtral", "jitter", {{"router_jitter_noise", 0.1}}),
+                 "router_jitter_noise is 0.1: Mixtral multiplies its MoE input by uniform noise in training");
+  expect_refused(edited("qwen3_moe", "bias", {{"attention_bias", true}}),
+                 "attention_bias is true; bridge's Mixture-of-Experts models have no biases");
+  expect_refused(edited("qwen3_moe", "top1", {{"num_experts_per_tok", 1}}),
+                 "num_experts_per_tok is 1 with the chosen expert's weight renormalised to 1 (norm_topk_prob true)");
+  expect_refused(edited("qwen3_moe", "counts", {{"num_experts", 8}}),
+                 "num_experts (8) and num_local_experts (4) disagree");
+  const bridge::models::GPTConfig qwen3 = bridge::hf::hf_model_config(reference("qwen3_moe").hf);
+  const auto weights = bridge::hf::load_hf_weights(reference("qwen3_moe").hf, qwen3);
+  EXPECT_THAT(thrown_by([&] { bridge::hf::save_hf(out / "dense", weights, qwen3, "qwen3"); }),
+              HasSubstr("cannot write a qwen3 model: it has no experts (model.num_moe_experts is set"));
+  EXPECT_THAT(thrown_by([&] { bridge::hf::save_hf(out / "olmoe", weights, qwen3, "olmoe"); }),
+              HasSubstr("cannot write a olmoe model: OLMoE's q_norm and k_norm"));
+  bridge::models::GPTConfig unnormalised = qwen3;
+  unnormalised.qk_layernorm = false;
+  unnormalised.moe_router_pre_softmax = true;
+  EXPECT_THAT(thrown_by([&] { bridge::hf::save_hf(out / "mixtral", weights, unnormalised); }),
+              HasSubstr("cannot write a mixtral model: it always renormalises the chosen experts' weights "
+                        "(model.moe_router_pre_softmax must be false)"));
+  EXPECT_FALSE(fs::exists(out / "dense") || fs::exists(out / "olmoe") || fs::exists(out / "mixtral"));
+  fs::remove_all(out);
+}
+
+// An export of an imported MoE model holds what save_pretrained wrote: the same tensor names (per-expert hub names,
+// Mixtral's block_sparse_moe), shapes and bytes, and the config.json keys transformers reads, Qwen3-MoE's expert count
+// under num_local_experts (as 5.23 writes it) and num_experts (as 4.x reads it).
+TEST_F(HuggingFace, MoeExportHoldsWhatSavePretrainedWrote) {
+  const fs::path out = scratch("moe_files");
+  for (const char* family : {"qwen3_moe", "qwen2_moe", "mixtral"}) {
+    const fs::path source = reference(family).hf;
+    const bridge::models::GPTConfig config = bridge::hf::hf_model_config(source);
+    bridge::hf::save_hf(out / family, bridge::hf::load_hf_weights(source, config), config);
+    const auto theirs = bridge::utils::read_safetensors(source / "model.safetensors").tensors;
+    const auto ours = bridge::utils::read_safetensors(out / family / "model.safetensors").tensors;
+    std::set<std::string> their_names, our_names;
+    for (const auto& entry : theirs) their_names.insert(entry.first);
+    for (const auto& entry : ours) our_names.insert(entry.first);
+    EXPECT_EQ(our_names, their_names) << family;
+    for (const auto& [name, tensor] : theirs) {
+      if (ours.count(name)) EXPECT_TRUE(torch::equal(ours.at(name), tensor)) << family << " " << name;
+    }
+    nlohmann::json their_config, our_config;
+    std::ifstream(source / "config.json") >> their_config;
+    std::ifstream(out / family / "config.json") >> our_config;
+    EXPECT_EQ(our_config.value("model_type", ""), family);
+    for (const char* key : {"architectures", "num_experts", "num_local_experts", "num_experts_per_tok",
+                            "moe_intermediate_size", "intermediate_size", "norm_topk_prob",
+                            "shared_expert_intermediate_size", "qkv_bias", "router_aux_loss_coef"}) {
+      if (their_config.contains(key)) EXPECT_EQ(our_config[key], their_config[key]) << family << " " << key;
+    }
+    // decoder_sparse_step 2 is written as step 1 with mlp_only_layers [0, 2]: the same layers.
+    EXPECT_THAT(bridge::hf::architecture_differences(bridge::hf::hf_model_config(out / family), config),
+                ::testing::IsEmpty())
+        << family;
+  }
+  nlohmann::json qwen3;
+  std::ifstream(out / "qwen3_moe" / "config.json") >> qwen3;
+  EXPECT_EQ(qwen3.value("num_experts", 0), 4);
+  EXPECT_EQ(qwen3.value("num_local_experts", 0), 4);
+  fs::remove_all(out);
+}
+
+// transformers 5.x's in-memory layout (save_pretrained(save_original_format=False): the fused experts
+// mlp.experts.gate_up_proj [E, 2F, H] and down_proj [E, H, F], Mixtral's router under mlp.gate) reads as the hub's
+// per-expert names do; and a load restricted to some experts (an expert-parallel rank's) does not read the shards that
+// hold only others.
+TEST_F(HuggingFace, MoeReadsFusedExpertsAndOnlyTheExpertsWanted) {
+  const fs::path out = scratch("moe_fused");
+  const fs::path hub = reference("mixtral").hf;
+  python({"fused", hub.string(), (out / "fused").string()});
+  ASSERT_EQ(bridge::utils::read_safetensors(out / "fused" / "model.safetensors")
+                .tensors.count("model.layers.0.mlp.experts.gate_up_proj"),
+            1u);
+  const bridge::models::GPTConfig mixtral = bridge::hf::hf_model_config(hub);
+  const auto from_hub = bridge::hf::load_hf_weights(hub, mixtral);
+  const auto from_fused = bridge::hf::load_hf_weights(out / "fused", mixtral);
+  ASSERT_EQ(from_fused.size(), from_hub.size());
+  for (const auto& [name, tensor] : from_hub) {
+    ASSERT_EQ(from_fused.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(from_fused.at(name), tensor)) << name;
+  }
+  // Qwen3-MoE in shards of 16 kB (two expert tensors each); the shards holding only experts 2 and 3 go away.
+  const fs::path source = reference("qwen3_moe").hf;
+  const bridge::models::GPTConfig qwen3 = bridge::hf::hf_model_config(source);
+  const auto weights = bridge::hf::load_hf_weights(source, qwen3);
+  const fs::path sharded = out / "sharded";
+  bridge::hf::save_hf(sharded, weights, qwen3, "", 16 * 1024);
+  nlohmann::json index;
+  std::ifstream(sharded / "model.safetensors.index.json") >> index;
+  const auto other_expert = [](const std::string& name) {
+    return name.find("experts.2.") != std::string::npos || name.find("experts.3.") != std::string::npos;
+  };
+  std::map<std::string, bool> only_others;  // shard -> whether all it holds is experts 2 and 3's
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    const auto [it, added] = only_others.emplace(file.get<std::string>(), true);
+    it->second = it->second && other_expert(name);
+  }
+  int removed = 0;
+  for (const auto& [file, others] : only_others) {
+    if (others) removed += fs::remove(sharded / file) ? 1 : 0;
+  }
+  ASSERT_GE(removed, 2);
+  const auto wanted = [](const std::string& name) {
+    return name.find(".local_experts.2.") == std::string::npos && name.find(".local_experts.3.") == std::string::npos;
+  };
+  const auto mine = bridge::hf::load_hf_weights(sharded, qwen3, wanted);
+  std::size_t expected = 0;
+  for (const auto& [name, tensor] : weights) {
+    if (!wanted(name)) continue;
+    ++expected;
+    ASSERT_EQ(mine.count(name), 1u) << name;
+    EXPECT_TRUE(torch::equal(mine.at(name), tensor)) << name;
+  }
+  EXPECT_EQ(mine.size(), expected);
+  EXPECT_THAT(thrown_by([&] { bridge::hf::load_hf_weights(sharded, qwen3); }), HasSubstr(".safetensors"));
+  fs::remove_all(out);
+}
 
 // bridge-pretrain with hf:<dir> takes the model from config.json (AutoBridge): the embedded recipe's GPT sizes give
 // way with no model.* given, and a model.* the user gives that disagrees is an error (exit 2, before any rank

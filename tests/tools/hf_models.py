@@ -19,10 +19,18 @@ downloads: each model is a tiny random one that transformers itself builds.
                                            SOURCE's does; prints each difference and exits 1 if there is one
   hf_models.py generate DIR IDS OUT N       greedy continuation of IDS' first row by N tokens ("tokens" in OUT),
                                            never an id of 257 or more (bridge's byte-level TextGenerator's rule)
+  hf_models.py fused SOURCE DIR             SOURCE saved to DIR as transformers 5.x holds it in memory
+                                           (save_original_format=False): an MoE model's experts fused,
+                                           mlp.experts.gate_up_proj [E, 2F, H] and down_proj [E, H, F], its router
+                                           mlp.gate (Mixtral's too)
 
 FAMILY: gpt2; llama (grouped-query attention, untied, Llama 3's rope_theta, a tokenizer); llama31 (Llama 3.1's
 rope scaling, tied embeddings, a context of 128); mistral; qwen2 (QKV biases); qwen3 (q/k norms, a head width of its
-own).
+own); and the Mixture-of-Experts families, each with 4 experts of which a token takes 2: qwen3_moe (renormalised
+weights, layer 1 dense), qwen2_moe (weights not renormalised, a gated shared expert, every second layer MoE),
+mixtral and olmoe (q/k norms over all heads, which bridge refuses). Their routers' weights are scaled up (x10) after
+the perturbation, so that no token's k-th and (k+1)-th experts are near a tie that round-off could swap between
+transformers and bridge; their experts run transformers' eager loop (experts_implementation="eager").
 """
 import os
 import sys
@@ -47,6 +55,8 @@ CORPUS = ["Once upon a time there was a tiny model that learned to read.",
 LLAMA_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=POSITIONS,
                    rms_norm_eps=1e-5, attention_dropout=0.0)
+MOE = dict(num_experts=4, num_experts_per_tok=2)  # 4 experts: expert parallelism 2 holds 2 on each rank
+ROUTER_SCALE = 10.0  # the routers' weights after the perturbation: wide margins between the k-th and next expert
 
 
 def config_of(family):
@@ -70,6 +80,21 @@ def config_of(family):
     if family == "qwen3":
         return transformers.Qwen3Config(**LLAMA_SHAPE, head_dim=24, tie_word_embeddings=False,
                                         use_sliding_window=False)
+    if family == "qwen3_moe":  # layer 1 in mlp_only_layers: a dense MLP of intermediate_size between MoE layers
+        return transformers.Qwen3MoeConfig(**LLAMA_SHAPE, **MOE, head_dim=24, moe_intermediate_size=32,
+                                           norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False,
+                                           use_sliding_window=False)
+    if family == "qwen2_moe":  # decoder_sparse_step 2: layers 1 and 3 MoE, 0 and 2 dense
+        return transformers.Qwen2MoeConfig(**LLAMA_SHAPE, **MOE, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                           decoder_sparse_step=2, tie_word_embeddings=False, use_sliding_window=False)
+    if family == "mixtral":  # intermediate_size is each expert's
+        return transformers.MixtralConfig(**{**LLAMA_SHAPE, "intermediate_size": 32}, num_local_experts=4,
+                                          num_experts_per_tok=2, router_aux_loss_coef=0.01, sliding_window=None,
+                                          tie_word_embeddings=False)
+    if family == "olmoe":
+        return transformers.OlmoeConfig(**{**LLAMA_SHAPE, "intermediate_size": 32}, **MOE, tie_word_embeddings=False,
+                                        pad_token_id=None, eos_token_id=None)
     raise SystemExit(f"unknown family {family}")
 
 
@@ -97,10 +122,14 @@ def logits_of(model, ids):
 
 def make(family, directory):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config_of(family), attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_config(config_of(family), attn_implementation="eager",
+                                                          experts_implementation="eager").eval()
     with torch.no_grad():
         for parameter in model.parameters():  # a tied lm_head once
             parameter.add_(0.05 * torch.randn_like(parameter))
+        for name, parameter in model.named_parameters():  # the routers (transformers 5.x names every family's so)
+            if name.endswith(".mlp.gate.weight"):
+                parameter.mul_(ROUTER_SCALE)
     model.save_pretrained(os.path.join(directory, "hf"))
     tokenizer = tokenizer_of(family)
     if tokenizer is not None:
@@ -116,7 +145,8 @@ def make(family, directory):
 
 def load(directory):
     return transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
-                                                             attn_implementation="eager").float().eval()
+                                                             attn_implementation="eager",
+                                                             experts_implementation="eager").float().eval()
 
 
 def logits(directory, ids_path, logits_path):
@@ -171,6 +201,10 @@ def generate(directory, ids_path, out_path, tokens):
     save_file({"tokens": greedy(load(directory), load_file(ids_path)["ids"][:1], int(tokens))}, out_path)
 
 
+def fused(source, directory):
+    load(source).save_pretrained(directory, save_original_format=False)
+
+
 if __name__ == "__main__":
-    commands = {"make": make, "logits": logits, "exported": exported, "generate": generate}
+    commands = {"make": make, "logits": logits, "exported": exported, "generate": generate, "fused": fused}
     commands[sys.argv[1]](*sys.argv[2:])
