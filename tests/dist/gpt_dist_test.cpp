@@ -149,23 +149,27 @@ void expect_parity(const std::string& name, int world, int tp, int pp, int vpp, 
 }
 
 // Mixture of Experts (a shared expert with its gate, a dense layer among MoE ones, load-balancing and z losses in the
-// gradient): every expert layout against one single-process run. Experts are recorded under their global index on
+// gradient): every expert layout against one single-process run, with selective recomputation of the MoE layers and
+// the shared experts, and an interleaved pipeline. Experts are recorded under their global index on
 // the rank that holds them, so every expert's gradient is compared.
 TEST(GptParityMoE, ExpertParallelLayoutsEqualTheSingleProcessRun) {
   const RunRecord reference = run_reference("moe", "moe");
   struct Layout {
     const char* name;
-    int world, tp, pp;
+    int world, tp, pp, vpp;
     const char* block;
   };
   for (const Layout& layout :
-       {Layout{"moe_ep2_dp2", 2, 1, 1, "moe+ep2"}, Layout{"moe_ep2_alltoall", 2, 1, 1, "moe+ep2+alltoall"},
-        Layout{"moe_tp2_sp_etp2", 2, 2, 1, "moe+sp"},
-        Layout{"moe_tp2_sp_ep2_etp1", 2, 2, 1, "moe+sp+ep2+etp1+alltoall"},
-        Layout{"moe_ep2_distopt", 2, 1, 1, "moe+ep2+distopt"}, Layout{"moe_pp2_ep2", 4, 1, 2, "moe+ep2+alltoall"}}) {
+       {Layout{"moe_ep2_dp2", 2, 1, 1, 0, "moe+ep2"}, Layout{"moe_ep2_alltoall", 2, 1, 1, 0, "moe+ep2+alltoall"},
+        Layout{"moe_tp2_sp_etp2", 2, 2, 1, 0, "moe+sp"},
+        Layout{"moe_tp2_sp_ep2_etp1", 2, 2, 1, 0, "moe+sp+ep2+etp1+alltoall"},
+        Layout{"moe_ep2_distopt", 2, 1, 1, 0, "moe+ep2+distopt"},
+        Layout{"moe_ep2_recompute", 2, 1, 1, 0, "moe+ep2+recompute_moe"},
+        Layout{"moe_pp2vpp2_ep2", 4, 1, 2, 2, "moe+ep2+alltoall"}}) {
     SCOPED_TRACE(layout.name);
     std::printf("layout %s\n", layout.name);
-    expect_matches(run_layout(layout.name, layout.world, layout.tp, layout.pp, 0, "fp32", layout.block), reference);
+    expect_matches(run_layout(layout.name, layout.world, layout.tp, layout.pp, layout.vpp, "fp32", layout.block),
+                   reference);
   }
 }
 
@@ -229,6 +233,8 @@ void expect_bf16_parity(const std::string& name, int world, int tp, int pp, cons
 TEST(GptParityBf16, TensorParallel2) { expect_bf16_parity("bf16_tp2", 2, 2, 1); }
 TEST(GptParityBf16, PipelineParallel2) { expect_bf16_parity("bf16_pp2", 2, 1, 2); }
 TEST(GptParityBf16, DataParallel2) { expect_bf16_parity("bf16_dp2", 2, 1, 1); }
+// The MoE model in bf16 at ep2 (the router in fp32, the experts' outputs weighted in bf16) against one bf16 process.
+TEST(GptParityBf16, MoeExpertParallel2) { expect_bf16_parity("bf16_moe_ep2", 2, 1, 1, "moe+ep2+alltoall"); }
 TEST(GptParityBf16, LlamaBlockTensorParallel2) { expect_bf16_parity("bf16_llama_tp2", 2, 2, 1, "llama"); }
 // The distributed optimizer with bf16 parameters: fp32 main params for each rank's shard only.
 TEST(GptParityBf16, DataParallel2DistributedOptimizer) {

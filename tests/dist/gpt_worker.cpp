@@ -61,9 +61,10 @@ using namespace bridge::training;
 
 using testing::expect;
 
-// "<block>[+full_recompute][+sp][+ep2][+etp1][+alltoall][+distopt][+overlap_param_gather][+bf16][+scale2^k]": the
-// block (gpt, llama or moe: the Llama block with MoE layers), then expert parallelism 2 (+etp1: experts whole on
-// each rank; +alltoall: that dispatcher),
+// "<block>[+full_recompute][+recompute_moe][+sp][+ep2][+etp1][+alltoall][+distopt][+overlap_param_gather][+bf16]
+// [+scale2^k]": the block (gpt, llama or moe: the Llama block with MoE layers), then selective recomputation of the
+// MoE layers and shared experts, expert parallelism 2 (+etp1: experts whole on each rank; +alltoall: that
+// dispatcher),
 // full recomputation of every layer (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer
 // and its parameter all-gather overlapped with the next forward, the bf16_mixed recipe, fp16's dynamic loss scale
 // starting at 2^k with no hysteresis.
@@ -84,6 +85,9 @@ void apply_switches(ConfigContainer& config, const std::string& block) {
       config.optimizer.use_distributed_optimizer = config.ddp.use_distributed_optimizer = true;
     } else if (item == "overlap_param_gather") {
       config.ddp.overlap_param_gather = true;
+    } else if (item == "recompute_moe") {
+      config.model.recompute_granularity = models::RecomputeGranularity::kSelective;
+      config.model.recompute_modules = std::vector<std::string>{"moe", "shared_experts"};
     } else if (item == "ep2") {
       config.parallelism.expert_model_parallel_size = 2;
     } else if (item == "etp1") {
