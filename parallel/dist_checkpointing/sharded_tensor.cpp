@@ -1,5 +1,6 @@
 // Sharded-tensor layouts: computing them from the tensor-parallel attributes, and copying between two layouts of
-// the same global tensor through global coordinates.
+// the same global tensor through global coordinates. An MoE expert's weight is split over the expert tensor-parallel
+// group; which expert it is (expert parallelism) is in its global name, not in its layout.
 #include "parallel/dist_checkpointing/sharded_tensor.h"
 
 #include <algorithm>
@@ -50,8 +51,12 @@ ShardedTensorLayout sharded_tensor_layout(const torch::Tensor& param) {
   layout.global_shape = param.sizes().vec();
   if (!attributes.tensor_model_parallel || attributes.partition_dim < 0) return layout;
   const int64_t dim = attributes.partition_dim;
-  const int64_t tp = get_tensor_model_parallel_world_size();
-  const int64_t rank = get_tensor_model_parallel_rank();
+  // An expert-parallel parameter (allreduce false) is split over the expert tensor-parallel group, which may be
+  // smaller or larger than the dense one (expert_tensor_parallel_size); an expert that keeps allreduce is split over
+  // the dense group, which is then the same ranks.
+  const bool expert = !attributes.allreduce;
+  const int64_t tp = expert ? get_expert_tensor_parallel_world_size() : get_tensor_model_parallel_world_size();
+  const int64_t rank = expert ? get_expert_tensor_parallel_rank() : get_tensor_model_parallel_rank();
   const int64_t stride = attributes.partition_stride;
   const int64_t local = param.size(dim);
   if (local % stride != 0) {

@@ -32,8 +32,9 @@ struct ShardedTensorLayout {
   std::string describe() const;
 };
 
-/// The layout of `param` on this rank, from its tensor-parallel attributes and the current tensor-parallel group:
-/// block j of a stride-s parameter on rank r of t is global chunk j * t + r (Megatron's _initialize_affine_weight).
+/// The layout of `param` on this rank, from its tensor-parallel attributes and the current tensor-parallel group (the
+/// expert tensor-parallel group for an expert-parallel parameter, attribute allreduce false): block j of a stride-s
+/// parameter on rank r of t is global chunk j * t + r (Megatron's _initialize_affine_weight).
 ShardedTensorLayout sharded_tensor_layout(const torch::Tensor& param);
 
 /// Copies into `target` (laid out as `target_layout`) the part of the global tensor that `source` (laid out as
