@@ -145,8 +145,15 @@ LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directo
   return LoadedCheckpoint{directory.string(), 0};
 }
 
+// The parallel layout's size `key` in a checkpoint's parallel_layout, or `otherwise` for a checkpoint saved before it
+// was recorded (the expert sizes: such a checkpoint had no expert parallelism).
+int64_t layout_size(const GenericDict& layout, const std::string& key, int64_t otherwise) {
+  auto it = layout.find(c10::IValue(key));
+  return it == layout.end() ? otherwise : it->value().toInt();
+}
+
 // Reads and checks, on this rank, what it needs of the checkpoint in `directory`: common.pt, the files holding its
-// parameters' slices, its own (tp, pp) file when the layout is unchanged. Modifies nothing of the run. Missing and
+// parameters' slices, its own (tp, pp, ep) file when the layout is unchanged. Modifies nothing of the run. Missing and
 // damaged files throw DamagedFileError; a checkpoint that does not fit the model, std::runtime_error.
 void read_checkpoint_files(const fs::path& directory, const std::vector<std::string>& gathered_names,
                            const std::vector<CheckpointParam>& params, const LoadOptions& options, int tp, int pp,
@@ -161,7 +168,9 @@ void read_checkpoint_files(const fs::path& directory, const std::vector<std::str
   }
   common = read_pickle(common_path);
   const GenericDict index = checkpoint_dict(common, "tensors", common_path.string());
+  std::set<std::string> listed;
   for (const c10::IValue& file : checkpoint_field(common, "files", common_path.string()).toListRef()) {
+    listed.insert(file.toStringRef());
     if (!fs::exists(directory / file.toStringRef())) {
       throw DamagedFileError("the checkpoint's file " + (directory / file.toStringRef()).string() +
                              " is missing; copy the whole iteration directory, or choose another with "
@@ -189,9 +198,14 @@ void read_checkpoint_files(const fs::path& directory, const std::vector<std::str
     for (const c10::IValue& holder : holders) files_of[name].push_back((directory / holder.toStringRef()).string());
   }
   const GenericDict layout = checkpoint_dict(common, "parallel_layout", common_path.string());
-  same_layout = checkpoint_field(layout, "tensor_model_parallel_size", "parallel_layout").toInt() == tp &&
-                checkpoint_field(layout, "pipeline_model_parallel_size", "parallel_layout").toInt() == pp;
-  if (same_layout) own_file = (directory / relative_rank_file()).string();
+  const int64_t saved_tp = checkpoint_field(layout, "tensor_model_parallel_size", "parallel_layout").toInt();
+  same_layout =
+      saved_tp == tp && checkpoint_field(layout, "pipeline_model_parallel_size", "parallel_layout").toInt() == pp &&
+      layout_size(layout, "expert_model_parallel_size", 1) == parallel::get_expert_model_parallel_world_size() &&
+      layout_size(layout, "expert_tensor_parallel_size", saved_tp) == parallel::get_expert_tensor_parallel_world_size();
+  // The file of this rank's (tp, pp, ep) rank, where one was written (some layouts leave a rank without a writer of
+  // its own ranks: it then keeps its RNG streams).
+  if (same_layout && listed.count(relative_rank_file()) > 0) own_file = (directory / relative_rank_file()).string();
   std::set<std::string> needed;
   for (const CheckpointParam& entry : params) {
     for (const std::string& path : files_of.at(entry.source_name())) needed.insert(path);
@@ -284,15 +298,15 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   const int tp = parallel::get_tensor_model_parallel_world_size();
   const int pp = parallel::get_pipeline_model_parallel_world_size();
   bool same_layout = false;
-  std::string own_file;  // this rank's (tp, pp) file when the layout is unchanged
+  std::string own_file;  // this rank's (tp, pp, ep) file when the layout is unchanged
 
   // Every model name of the job, to compare with the checkpoint's index on every rank alike (shapes are checked
-  // slice by slice on the ranks that load them).
+  // slice by slice on the ranks that load them): the ranks that would write a tensor name it, so every expert of every
+  // expert-parallel rank is named once.
   std::ostringstream names;
-  if (setup.data_parallel_rank == 0) {
-    for (const CheckpointParam& entry : params) {
-      if (!entry.tied_copy) names << entry.name << '\n';
-    }
+  const CheckpointWriter writer = checkpoint_writer(setup);
+  for (const CheckpointParam& entry : params) {
+    if (!entry.tied_copy && writer.owns(entry)) names << entry.name << '\n';
   }
   const std::vector<std::string> gathered = parallel::all_gather_strings(world, names.str());
 
@@ -347,7 +361,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
     setup.last_saved_step = setup.state.train_state.step;
   }
   if (options.optimizer && setup.grad_scaler() != nullptr && !files.empty()) {
-    const LoadedFile& file = same_layout ? files.at(own_file) : files.begin()->second;
+    const LoadedFile& file = !own_file.empty() ? files.at(own_file) : files.begin()->second;
     const GenericDict optimizer = checkpoint_dict(file.dict, "optimizer", file.path);
     auto scaler = optimizer.find(c10::IValue(std::string("grad_scaler")));
     if (scaler != optimizer.end()) {
@@ -357,18 +371,18 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
                                       checkpoint_field(state, "hysteresis_tracker", file.path).toInt());
     }
   }
-  if (options.rng && same_layout) {
+  if (options.rng && !own_file.empty()) {
     load_rng_state(files.at(own_file).dict, own_file);
     loaded.rng_loaded = true;
-  } else if (options.rng && parallel::get_rank() == 0) {
+  } else if (options.rng && !same_layout && parallel::get_rank() == 0) {
     bridge::utils::logger().warn(
-        "the checkpoint was saved with another tensor- or pipeline-parallel size: its RNG streams do not map to "
-        "this layout, so they start from rng.seed");
+        "the checkpoint was saved with another tensor-, pipeline- or expert-parallel size: its RNG streams do not map "
+        "to this layout, so they start from rng.seed");
   }
   if (options.progress && setup.callbacks) {
-    // Callback state of this rank's own (tp, pp) file when the layout is unchanged, else rank 0's.
-    const GenericDict& holder = same_layout ? files.at(own_file).dict : common;
-    const std::string path = same_layout ? own_file : (directory / kCommon).string();
+    // Callback state of this rank's own (tp, pp, ep) file when the layout is unchanged, else rank 0's.
+    const GenericDict& holder = !own_file.empty() ? files.at(own_file).dict : common;
+    const std::string path = !own_file.empty() ? own_file : (directory / kCommon).string();
     auto callbacks = holder.find(c10::IValue(std::string("callbacks")));
     if (callbacks != holder.end()) load_callback_states(*setup.callbacks, callbacks->value(), path);
     auto user_state = holder.find(c10::IValue(std::string("user_state")));

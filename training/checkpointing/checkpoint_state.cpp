@@ -1,5 +1,6 @@
 // A rank's checkpoint dict (save side) and loading it back into the model, the fp32 main params, the optimizer, the
-// scheduler, the counters and the RNG streams, slice by slice through the shard metadata.
+// scheduler, the counters and the RNG streams, slice by slice through the shard metadata; which rank writes which
+// tensors (dense ones on data-parallel rank 0, MoE experts on expert data-parallel rank 0).
 #include "training/checkpointing/checkpoint_state.h"
 
 #include <yaml-cpp/yaml.h>
@@ -24,6 +25,25 @@ using GenericDict = c10::impl::GenericDict;
 using GenericList = c10::impl::GenericList;
 
 constexpr char kWordEmbeddings[] = "embedding.word_embeddings.weight";
+
+// The module buffers a checkpoint keeps, Megatron-Core's persistent ones: the router's aux-loss-free expert_bias, which
+// training moves step by step (a resume without it would route differently). The router's token counts restart each
+// step and are not saved (Megatron-Core's non-persistent local_tokens_per_expert).
+constexpr char kPersistentBufferSuffix[] = ".mlp.router.expert_bias";
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A chunk's buffer "layers.<local index>.<rest>" under its global name "decoder.layers.<global index>.<rest>", as
+// models::global_named_parameters names the parameters.
+std::string global_buffer_name(const models::GPTModel& chunk, const std::string& local) {
+  const std::string prefix = "layers.";
+  if (local.rfind(prefix, 0) != 0) return local;
+  const std::size_t dot = local.find('.', prefix.size());
+  const int64_t layer = std::stoll(local.substr(prefix.size(), dot - prefix.size()));
+  return "decoder.layers." + std::to_string(chunk->chunk_options().first_layer + layer) + local.substr(dot);
+}
 
 GenericList new_list() { return GenericList(c10::AnyType::get()); }
 
@@ -68,14 +88,24 @@ const std::string& CheckpointParam::source_name() const {
   return tied_copy ? word_embeddings : name;
 }
 
-std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size) {
-  char name[32];
-  if (pp_size == 1) {
-    std::snprintf(name, sizeof(name), "mp_rank_%02d", tp_rank);
-  } else {
-    std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d", tp_rank, pp_rank);
-  }
+std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size, int ep_rank, int ep_size) {
+  // Megatron's get_checkpoint_name: the pipeline rank only with a pipeline, the expert-parallel rank only with
+  // expert parallelism (so a dense checkpoint keeps the names it always had).
+  char name[48];
+  int used = std::snprintf(name, sizeof(name), "mp_rank_%02d", tp_rank);
+  if (pp_size > 1) used += std::snprintf(name + used, sizeof(name) - used, "_%03d", pp_rank);
+  if (ep_size > 1) std::snprintf(name + used, sizeof(name) - used, "_%03d", ep_rank);
   return name;
+}
+
+CheckpointWriter checkpoint_writer(const PretrainSetup& setup) {
+  CheckpointWriter writer;
+  writer.dense = setup.data_parallel_rank == 0;
+  // Without expert-parallel groups the experts are dense parameters (attribute allreduce true), and the expert
+  // data-parallel rank says nothing about which rank writes them.
+  writer.experts =
+      parallel::tensor_parallel::expert_parallel_groups_in_use() && parallel::get_expert_data_parallel_rank() == 0;
+  return writer;
 }
 
 std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup) {
@@ -92,10 +122,22 @@ std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup) {
       entry.main_param = setup.mixed_precision ? setup.mixed_precision->main_params()[found->second] : param;
       entry.layout = dc::sharded_tensor_layout(param);
       entry.tied_copy = !parallel::tensor_parallel::param_is_not_shared(param);
+      entry.expert = parallel::tensor_parallel::is_expert_parallel_param(param);
     }
   }
   for (const CheckpointParam& entry : params) {
     if (entry.name.empty()) throw std::logic_error("checkpoint_params: a trainable parameter has no global name");
+  }
+  for (const models::GPTModel& chunk : setup.model) {
+    for (const auto& item : chunk->named_buffers()) {
+      if (!ends_with(item.key(), kPersistentBufferSuffix)) continue;
+      CheckpointParam entry;
+      entry.name = global_buffer_name(chunk, item.key());
+      entry.param = entry.main_param = item.value();
+      entry.layout.global_shape = item.value().sizes().vec();  // replicated: the same on every rank
+      entry.buffer = true;
+      params.push_back(std::move(entry));
+    }
   }
   return params;
 }
@@ -116,6 +158,12 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   layout.insert("data_parallel_size", static_cast<int64_t>(setup.data_parallel_size));
   layout.insert("tensor_model_parallel_rank", static_cast<int64_t>(parallel::get_tensor_model_parallel_rank()));
   layout.insert("pipeline_model_parallel_rank", static_cast<int64_t>(parallel::get_pipeline_model_parallel_rank()));
+  // The expert layout: a load in the same one takes this file's RNG streams as its own (a file without these
+  // entries was saved at expert_model_parallel_size 1 and the expert tensor-parallel size of the dense one).
+  layout.insert("expert_model_parallel_size", static_cast<int64_t>(parallel::get_expert_model_parallel_world_size()));
+  layout.insert("expert_tensor_parallel_size", static_cast<int64_t>(parallel::get_expert_tensor_parallel_world_size()));
+  layout.insert("expert_model_parallel_rank", static_cast<int64_t>(parallel::get_expert_model_parallel_rank()));
+  layout.insert("expert_tensor_parallel_rank", static_cast<int64_t>(parallel::get_expert_tensor_parallel_rank()));
   top.insert("parallel_layout", layout);
 
   const TrainState& train_state = setup.state.train_state;
@@ -157,6 +205,7 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
     model.emplace(entry.name, entry.param);
     metadata.insert(entry.name, dc::to_ivalue(entry.layout));
     names.push_back(entry.name);
+    if (entry.buffer) continue;  // in its own dtype (the fp32 expert_bias of a bf16 model); no optimizer state
     GenericDict param_state = new_checkpoint_dict();
     if (whole != nullptr) {
       if (std::optional<torch::Tensor> main = whole_tensor(entry, "main_param")) {
@@ -202,7 +251,9 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
     for (const bool decayed : {true, false}) {
       GenericList group_names = new_list();
       for (const CheckpointParam& entry : params) {
-        if (!entry.tied_copy && (entry.param.dim() > 1) == decayed) group_names.push_back(entry.name);
+        if (!entry.tied_copy && !entry.buffer && (entry.param.dim() > 1) == decayed) {
+          group_names.push_back(entry.name);
+        }
       }
       add_group(lr, group_names);
     }
@@ -211,7 +262,7 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
       GenericList group_names = new_list();
       for (const torch::Tensor& p : group.params()) {
         for (const CheckpointParam& entry : params) {
-          if (!entry.tied_copy && entry.main_param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
+          if (!entry.tied_copy && !entry.buffer && entry.main_param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) {
             group_names.push_back(entry.name);
           }
         }
@@ -423,6 +474,12 @@ std::string model_differences(const std::string& saved_config_yaml, const Config
                                                "add_qkv_bias",
                                                "share_embeddings_and_output_weights",
                                                "position_embedding_type",
+                                               "num_moe_experts",
+                                               "moe_layer_freq",
+                                               "moe_ffn_hidden_size",
+                                               "moe_shared_expert_intermediate_size",
+                                               "moe_shared_expert_gate",
+                                               "moe_router_enable_expert_bias",
                                                "seq_length"};
   constexpr int kListed = 6;
   std::vector<std::string> differing, overrides;
@@ -465,8 +522,8 @@ void check_loadable(const std::vector<CheckpointParam>& params, const std::map<s
                     const std::map<std::string, std::vector<std::string>>& files_of, const LoadOptions& options) {
   for (const CheckpointParam& entry : params) {
     const std::string& name = entry.source_name();
-    check_slices(entry, slices_of(name, files, files_of, "model"), "the parameter");
-    if (!options.optimizer || !first_optimizer_state(name, files, files_of)) continue;
+    check_slices(entry, slices_of(name, files, files_of, "model"), entry.buffer ? "the buffer" : "the parameter");
+    if (entry.buffer || !options.optimizer || !first_optimizer_state(name, files, files_of)) continue;
     const LoadedFile& first = files.at(files_of.at(name).front());
     const std::string saved =
         checkpoint_field(checkpoint_dict(first.dict, "optimizer", first.path), "optimizer_type", first.path)
@@ -494,7 +551,8 @@ void load_parameters(PretrainSetup& setup, const std::vector<CheckpointParam>& p
   for (const CheckpointParam& entry : params) {
     const std::string& name = entry.source_name();
     const std::vector<Slice> model = slices_of(name, files, files_of, "model");
-    copy_slices(entry.param, entry, model);
+    copy_slices(entry.param, entry, model);  // in place: a buffer keeps its dtype (the fp32 expert_bias)
+    if (entry.buffer) continue;
     if (setup.distributed_optimizer) {
       load_distributed_optimizer_state(setup, entry, files, files_of, options, model);
       continue;

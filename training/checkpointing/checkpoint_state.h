@@ -11,6 +11,11 @@
 //   rng_state:           [{"torch_rng_state", "cuda_rng_state", "rng_tracker_states": {...}}]
 //   shard_metadata:      {name: {"global_shape", "partition_dim", "blocks"}}
 //   callbacks, user_state
+//
+// With MoE expert parallelism, data-parallel rank 0 and expert data-parallel rank 0 write (see CheckpointWriter), each
+// all of its rank's state: the dense tensors and the experts of its expert-parallel rank, under their global names
+// (decoder.layers.N.mlp.experts.local_experts.G..., G the global expert index), split over the expert tensor-parallel
+// group as their shard metadata says. common.pt's index names one file for each slice.
 #pragma once
 
 #include <torch/torch.h>
@@ -42,20 +47,42 @@ struct CheckpointParam {
   parallel::dist_checkpointing::ShardedTensorLayout layout;
   /// The last pipeline stage's copy of the tied word embedding: not saved, loaded from the embedding's entries.
   bool tied_copy = false;
+  /// An expert-parallel parameter (attribute allreduce false): saved by expert data-parallel rank 0, not by
+  /// data-parallel rank 0, and split over the expert tensor-parallel group.
+  bool expert = false;
+  /// A module buffer saved with the model (the router's fp32 expert_bias): no optimizer state, no main param, and it
+  /// keeps its own dtype.
+  bool buffer = false;
   /// The name its values are saved under: the embedding's for the tied copy, else `name`.
   const std::string& source_name() const;
 };
 
-/// This rank's trainable parameters, in setup.params order.
+/// This rank's trainable parameters, in setup.params order, then its persistent buffers (Megatron-Core's
+/// router.expert_bias), under their global names.
 std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup);
 
-/// "mp_rank_01" or, with a pipeline, "mp_rank_01_002": Megatron's folder of one model-parallel rank.
-std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size);
+/// Whether a rank writes a file and for which of its tensors the index names that file: Megatron's writers are
+/// data-parallel rank 0 and expert data-parallel rank 0 (their union covers every (tp, pp, ep) shard). Data-parallel
+/// rank 0's file is the one for the dense tensors, expert data-parallel rank 0's for the experts, so each slice has
+/// one indexed copy, which every load and export reads (the other copies are the same values: the ranks are
+/// data-parallel replicas).
+struct CheckpointWriter {
+  bool dense = false;    ///< data-parallel rank 0
+  bool experts = false;  ///< expert data-parallel rank 0, where expert-parallel groups are in use
+  bool any() const { return dense || experts; }
+  /// This rank's file is the indexed one for `entry` (and this rank names it when a load checks the names).
+  bool owns(const CheckpointParam& entry) const { return entry.expert ? experts : dense; }
+};
+CheckpointWriter checkpoint_writer(const PretrainSetup& setup);
 
-/// The dict this rank saves for `iteration` (see the top of this file). Tensors are detached CPU copies, so the
-/// result stays valid while training goes on (an asynchronous save writes it later). With the distributed
-/// optimizer, `whole` is its state gathered on this rank (DistributedOptimizer::gather_state), saved in the same
-/// per-parameter layout as an optimizer without sharding.
+/// Megatron's folder of one model-parallel rank: "mp_rank_01"; with a pipeline "mp_rank_01_002"; with expert
+/// parallelism (ep_size > 1) the expert-parallel rank last, "mp_rank_01_003" or "mp_rank_01_002_003".
+std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size, int ep_rank = 0, int ep_size = 1);
+
+/// The dict this rank saves for `iteration` (see the top of this file). Tensors are detached CPU copies, so the result
+/// stays valid while training goes on (an asynchronous save writes it later). With the distributed optimizer, `whole`
+/// is its state gathered on this rank (DistributedOptimizer::gather_state), saved in the same per-parameter layout as
+/// an optimizer without sharding.
 c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
                                        int64_t iteration, const DistributedOptimizer::WholeState* whole = nullptr);
 

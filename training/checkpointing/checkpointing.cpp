@@ -34,10 +34,19 @@ namespace detail {
 using GenericDict = c10::impl::GenericDict;
 
 std::string relative_rank_file() {
-  return model_parallel_directory_name(parallel::get_tensor_model_parallel_rank(),
-                                       parallel::get_pipeline_model_parallel_rank(),
-                                       parallel::get_pipeline_model_parallel_world_size()) +
-         "/" + kRankFile;
+  std::string directory = model_parallel_directory_name(
+      parallel::get_tensor_model_parallel_rank(), parallel::get_pipeline_model_parallel_rank(),
+      parallel::get_pipeline_model_parallel_world_size(), parallel::get_expert_model_parallel_rank(),
+      parallel::get_expert_model_parallel_world_size());
+  // An expert tensor-parallel group larger than the dense one splits an expert over ranks that share a dense
+  // tensor-parallel rank: their expert tensor-parallel rank tells their files apart (Megatron's name has no place for
+  // it; it never writes this layout in its legacy format).
+  if (parallel::get_expert_tensor_parallel_world_size() > parallel::get_tensor_model_parallel_world_size()) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "_etp%02d", parallel::get_expert_tensor_parallel_rank());
+    directory += suffix;
+  }
+  return directory + "/" + kRankFile;
 }
 
 void write_pickle(const fs::path& path, const c10::IValue& value) { bridge::utils::save_torch_pickle(path, value); }
@@ -174,6 +183,7 @@ struct PendingCheckpoint {
   std::chrono::steady_clock::time_point started;
   GenericDict shared = new_checkpoint_dict();  // rank 0: what common.pt copies from its own file
   std::vector<std::string> index;              // rank 0: every rank's tensor-index lines
+  std::set<std::string> files;                 // every rank file written, relative to the iteration directory
   std::future<void> written;                   // this rank's file: deferred (sync) or on a thread (async_save)
 };
 
@@ -189,7 +199,6 @@ std::string failed_save(const std::string& what, const std::exception& error) {
 // for loads in other layouts).
 GenericDict common_state(const PendingCheckpoint& pending) {
   GenericDict tensors = new_checkpoint_dict();
-  std::set<std::string> files;
   for (const std::string& text : pending.index) {
     std::istringstream in(text);
     std::string line;
@@ -212,13 +221,14 @@ GenericDict common_state(const PendingCheckpoint& pending) {
       entry.insert_or_assign("dtype", fields[3]);
       entry.insert_or_assign("files", holders);
       tensors.insert_or_assign(fields[0], entry);
-      files.insert(fields[1]);
     }
   }
   GenericDict common = new_checkpoint_dict();
   for (const auto& item : pending.shared) common.insert(item.key(), item.value());
+  // Every file, also one holding no tensor (an expert writer on a pipeline stage without MoE layers keeps its RNG
+  // streams there): a load checks they are all present, and bridge-checkpoint verify that none is missing.
   GenericList file_list(c10::AnyType::get());
-  for (const std::string& file : files) file_list.push_back(file);
+  for (const std::string& file : pending.files) file_list.push_back(file);
   common.insert("files", file_list);
   common.insert("tensors", tensors);
   return common;
@@ -240,10 +250,26 @@ std::string save_checkpoint(PretrainSetup& setup) {
   on_every_rank(pending->what, [&] {
     if (parallel::get_rank() == 0) remove_interrupted_saves(pending->root);
   });
-  const bool writer = setup.data_parallel_rank == 0;
+  // Megatron's writers, data-parallel rank 0 and expert data-parallel rank 0, each to the file of its (tp, pp, ep)
+  // rank: every slice is written at least once. Each file holds all of its rank's state, as Megatron's do, but the
+  // index in common.pt names one file per slice (the dense tensors of data-parallel rank 0's file, the experts of
+  // expert data-parallel rank 0's), so every load and export reads the same copy and no two can disagree.
+  const CheckpointWriter writer = checkpoint_writer(setup);
   const std::vector<CheckpointParam> params = checkpoint_params(setup);
   const std::string rank_file = relative_rank_file();
   std::vector<std::string> skipped_user_state;
+  // Two writers of one file would overwrite each other's slices: a layout the file names cannot tell apart is refused
+  // before anything is written (the same gathered names on every rank, so every rank throws alike).
+  for (const std::string& file :
+       parallel::all_gather_strings(parallel::get_world_group(), writer.any() ? rank_file : std::string())) {
+    if (file.empty()) continue;
+    if (!pending->files.insert(file).second) {
+      throw std::logic_error(in_context(pending->what, "two ranks would write " + file +
+                                                           ": this parallel layout's rank files are not told apart "
+                                                           "by their names; report it with the parallelism.* "
+                                                           "settings"));
+    }
+  }
 
   // The snapshot: CPU copies of this rank's state as of this step, so the write may happen while training goes on.
   // Starting the write (a thread, with async_save) is inside the shared failure check too: it can fail on one rank.
@@ -252,9 +278,11 @@ std::string save_checkpoint(PretrainSetup& setup) {
   const bool async = setup.config.checkpoint.async_save;
   std::optional<DistributedOptimizer::WholeState> whole;
   try {
-    if (setup.distributed_optimizer) whole = setup.distributed_optimizer->gather_state(*setup.optimizer, writer);
+    if (setup.distributed_optimizer) {
+      whole = setup.distributed_optimizer->gather_state(*setup.optimizer, writer.any());
+    }
     on_every_rank(pending->what, [&] {
-      if (!writer) return;
+      if (!writer.any()) return;
       GenericDict own = rank_state_dict(setup, params, pending->iteration, whole ? &*whole : nullptr);
       if (setup.callbacks) {
         own.insert("callbacks", save_callback_states(*setup.callbacks));
@@ -281,9 +309,9 @@ std::string save_checkpoint(PretrainSetup& setup) {
   }
 
   std::ostringstream lines;
-  if (writer) {
+  if (writer.any()) {
     for (const CheckpointParam& entry : params) {
-      if (entry.tied_copy) continue;
+      if (entry.tied_copy || !writer.owns(entry)) continue;
       lines << entry.name << '\t' << rank_file << '\t';
       for (int64_t size : entry.layout.global_shape) lines << size << ',';
       lines << '\t' << c10::toString(entry.param.scalar_type()) << '\n';

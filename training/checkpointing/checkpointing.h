@@ -1,11 +1,13 @@
 // Checkpoints in Megatron's directory layout, loadable in any parallel layout:
-//   <save>/iter_0000007/mp_rank_<tp>[_<pp>]/model_optim_rng.pt   one per model-parallel rank (its slices)
+//   <save>/iter_0000007/mp_rank_<tp>[_<pp>][_<ep>]/model_optim_rng.pt   one per model-parallel rank (its slices)
 //   <save>/iter_0000007/common.pt                                  what every rank shares, and the tensor index
 //   <save>/latest_checkpointed_iteration.txt                       the newest complete iteration
 // Every file is PyTorch's pickle format (torch.load(path, weights_only=True) opens it; see checkpoint_state.h).
-// Data-parallel rank 0 of each model-parallel rank writes its file (from a snapshot on a background thread with
-// checkpoint.async_save); rank 0 writes common.pt once every rank file is on disk, then the tracker. Each file is
-// fsynced and renamed into place, so a process killed at any moment leaves the tracker on a complete checkpoint.
+// Data-parallel rank 0 of each model-parallel rank writes its file, and with MoE expert parallelism (_<ep>, the
+// expert-parallel rank, only at expert_model_parallel_size > 1) expert data-parallel rank 0 too, so every
+// expert-parallel rank's experts are written (from a snapshot on a background thread with checkpoint.async_save);
+// rank 0 writes common.pt once every rank file is on disk, then the tracker. Each file is fsynced and renamed into
+// place, so a process killed at any moment leaves the tracker on a complete checkpoint.
 #pragma once
 
 #include <cstdint>
