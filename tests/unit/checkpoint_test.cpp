@@ -2,7 +2,8 @@
 // on_data_init_start, stateful callbacks and user_state), the files opened by Python's torch.load(weights_only=True),
 // the guard against overwriting newer checkpoints (checkpoints of another model: checkpoint_mismatch_test.cpp),
 // weights-only loads and most_recent_k; asynchronous saves, and the exits of train.exit_interval,
-// exit_signal_handler and exit_duration_in_mins.
+// exit_signal_handler and exit_duration_in_mins; an MoE model's router expert_bias (fp32 under bf16) and a checkpoint
+// that lacks an expert or holds a foreign one (expert-parallel layouts: checkpoint_dist_test).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -545,6 +546,133 @@ TEST(DiskFaults, LeftoversOfKilledRunsAreRemovedAtTheNextSave) {
   EXPECT_EQ(fs::last_write_time(dir / "iter_0000002" / "common.pt"), tracked_before);
   EXPECT_EQ(read_latest_checkpointed_iteration(dir.string()), 3);
   fs::remove_all(dir);
+}
+
+// The tiny model with MoE layers (4 experts of width 8, top 2, sigmoid routing with Megatron-Core's
+// auxiliary-loss-free expert_bias moved every step) in bf16_mixed.
+ConfigContainer tiny_moe_config(int64_t steps) {
+  ConfigContainer config = tiny_config(steps);
+  config.model.add_bias_linear = false;  // MoE layers have none
+  config.model.num_moe_experts = 4;
+  config.model.moe_ffn_hidden_size = 8;
+  config.model.moe_router_topk = 2;
+  config.model.moe_router_score_function = models::MoERouterScoreFunction::kSigmoid;
+  config.model.moe_router_enable_expert_bias = true;
+  config.model.moe_router_bias_update_rate = 1e-2;  // moves visibly in two steps
+  apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
+  return config;
+}
+
+constexpr char kExpertBias[] = "decoder.layers.0.mlp.router.expert_bias";
+
+// The routers' expert_bias buffers at on_train_end, checked fp32.
+std::map<std::string, torch::Tensor> expert_biases(CallbackContext& ctx) {
+  std::map<std::string, torch::Tensor> biases;
+  for (const auto& chunk : ctx.model) {
+    for (const auto& item : chunk->named_buffers()) {
+      if (item.key().find("router.expert_bias") == std::string::npos) continue;
+      EXPECT_EQ(item.value().scalar_type(), torch::kFloat32) << item.key() << " under bf16";
+      biases["decoder." + item.key()] = item.value().clone();
+    }
+  }
+  return biases;
+}
+
+// The router's expert_bias is saved as the fp32 buffer it is under bf16 (never rounded to bf16: its steps of 1e-2 are
+// below bf16's resolution near 1), restored fp32, and a resumed run continues the straight one bit for bit.
+TEST(MoECheckpoint, ExpertBiasIsSavedAndRestoredInFp32UnderBf16) {
+  const fs::path dir = fresh_directory("moe_bias");
+  std::map<std::string, torch::Tensor> straight_biases, resumed_biases;
+  const auto record = [](std::map<std::string, torch::Tensor>& into) {
+    return [&into](CallbackManager& manager) {
+      manager.register_callback(Event::kTrainEnd, [&into](CallbackContext& ctx) { into = expert_biases(ctx); });
+    };
+  };
+  const Recorded straight = train(tiny_moe_config(4), record(straight_biases));
+  ConfigContainer config = tiny_moe_config(2);
+  config.checkpoint.save = dir.string();
+  train(config);
+  config.train.train_iters = 4;
+  const Recorded resumed = train(config, record(resumed_biases));
+
+  ASSERT_EQ(resumed.loads.size(), 1U);
+  ASSERT_EQ(resumed.losses.size(), 2U);
+  EXPECT_EQ(resumed.losses, std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
+  EXPECT_EQ(resumed.grad_norms, std::vector<double>(straight.grad_norms.begin() + 2, straight.grad_norms.end()));
+  expect_same_parameters(resumed.final_params, straight.final_params);
+  ASSERT_EQ(straight_biases.size(), 2U);  // both layers are MoE layers
+  ASSERT_EQ(resumed_biases.size(), straight_biases.size());
+  for (const auto& [name, bias] : straight_biases) {
+    EXPECT_TRUE(torch::equal(resumed_biases.at(name), bias)) << name;
+    EXPECT_GT(bias.abs().max().item<float>(), 0.0f) << name << " moved";
+  }
+
+  const c10::impl::GenericDict file =
+      bridge::utils::load_torch_pickle(dir / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").toGenericDict();
+  const c10::impl::GenericDict model = file.at("model").toGenericDict();
+  EXPECT_EQ(model.at(kExpertBias).toTensor().scalar_type(), torch::kFloat32);
+  EXPECT_EQ(model.at("decoder.layers.0.mlp.router.weight").toTensor().scalar_type(), torch::kBFloat16);
+  EXPECT_GT(model.at(kExpertBias).toTensor().abs().max().item<float>(), 0.0f);
+  const c10::impl::GenericDict state =
+      file.at("optimizer").toGenericDict().at("optimizer").toGenericDict().at("state").toGenericDict();
+  EXPECT_FALSE(state.contains(kExpertBias)) << "a buffer has no optimizer state";
+  const c10::impl::GenericDict common =
+      bridge::utils::load_torch_pickle(dir / "iter_0000002" / "common.pt").toGenericDict();
+  EXPECT_EQ(common.at("tensors").toGenericDict().at(kExpertBias).toGenericDict().at("dtype").toStringRef(), "Float");
+  fs::remove_all(dir);
+}
+
+// A run refused before anything is loaded or trained: its error holds each of `parts`.
+void expect_refused(const ConfigContainer& config, const std::vector<std::string>& parts) {
+  auto manager = std::make_shared<CallbackManager>();
+  int steps = 0;
+  manager->register_callback(Event::kTrainStepStart, [&](CallbackContext&) { ++steps; });
+  try {
+    pretrain(config, gpt_forward_step, manager);
+    ADD_FAILURE() << "loaded a checkpoint that does not fit; expected: " << parts.front();
+  } catch (const std::exception& error) {
+    for (const std::string& part : parts) EXPECT_THAT(error.what(), HasSubstr(part));
+  }
+  EXPECT_EQ(steps, 0);
+}
+
+// A checkpoint without one of the model's experts, or with an expert the model lacks, is refused naming the tensor;
+// one of another expert count also names model.num_moe_experts with the override that loads it.
+TEST(MoECheckpoint, AMissingOrForeignExpertIsRefusedNamingIt) {
+  const fs::path dir = fresh_directory("moe_experts");
+  ConfigContainer config = tiny_moe_config(1);
+  config.checkpoint.save = dir.string();
+  train(config);
+  const std::string expert3 = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight";
+  const std::string expert4 = "decoder.layers.1.mlp.experts.local_experts.4.linear_fc1.weight";
+  // Copies of the checkpoint whose index (common.pt) lacks expert 3's fc1, or names an expert 4 in its file.
+  const auto edited = [&](const std::string& name, const std::function<void(c10::impl::GenericDict&)>& edit) {
+    const fs::path copy = fresh_directory(name);
+    fs::copy(dir, copy, fs::copy_options::recursive);
+    c10::impl::GenericDict common =
+        bridge::utils::load_torch_pickle(copy / "iter_0000001" / "common.pt").toGenericDict();
+    c10::impl::GenericDict tensors = common.at("tensors").toGenericDict();
+    EXPECT_TRUE(tensors.contains(expert3));
+    edit(tensors);
+    bridge::utils::save_torch_pickle(copy / "iter_0000001" / "common.pt", common);
+    return copy;
+  };
+  const fs::path missing = edited("moe_missing", [&](c10::impl::GenericDict& tensors) { tensors.erase(expert3); });
+  const fs::path foreign =
+      edited("moe_foreign", [&](c10::impl::GenericDict& tensors) { tensors.insert(expert4, tensors.at(expert3)); });
+  ConfigContainer load = tiny_moe_config(2);
+  load.checkpoint.load = missing.string();
+  expect_refused(load, {"the checkpoint has no tensor " + expert3 + ", which this run's model has"});
+  load.checkpoint.load = foreign.string();
+  expect_refused(load, {"the checkpoint holds " + expert4 + ", which this run's model does not have"});
+
+  load.checkpoint.load = dir.string();
+  load.model.num_moe_experts = 8;
+  expect_refused(load, {"the checkpoint has no tensor decoder.layers.0.mlp.experts.local_experts.4.",
+                        "model.num_moe_experts 4 (this run: 8)", "model.num_moe_experts=4"});
+  fs::remove_all(dir);
+  fs::remove_all(missing);
+  fs::remove_all(foreign);
 }
 
 }  // namespace
