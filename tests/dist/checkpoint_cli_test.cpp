@@ -2,7 +2,8 @@
 // file or common.pt are named as damage on every rank and nothing is trained on them; checkpoint.auto_resume falls
 // back to the newest complete older checkpoint loudly (the damaged one kept aside, the tracker moved in the open) and
 // resumes bit-exact from it; bridge-checkpoint verify names the damaged file; a truncated file's error carries no
-// C++ backtrace; a checkpoint.load that does not exist exits 2.
+// C++ backtrace; a checkpoint.load that does not exist exits 2. An MoE checkpoint of two expert-parallel ranks: verify
+// checks both rank files, bridge-export gathers every expert, and damage in expert-parallel rank 1's file is named.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@ namespace fs = std::filesystem;
 
 constexpr const char* kPretrain = BRIDGE_PRETRAIN;
 constexpr const char* kCheckpoint = BRIDGE_CHECKPOINT;
+// bridge-export, built beside bridge-checkpoint in tools/ (a full build makes both).
+const std::string kExport = (fs::path(BRIDGE_CHECKPOINT).parent_path() / "bridge-export").string();
 constexpr std::chrono::seconds kDeadline(300);
 constexpr char kRankFile[] = "iter_0000020/mp_rank_00/model_optim_rng.pt";
 
@@ -206,6 +209,80 @@ TEST_F(DamagedCheckpoint, EveryRankAgreesOnDamageFoundByOne) {
   EXPECT_EQ(resumed[1].exit_code, 0) << describe(resumed);
   EXPECT_TRUE(fs::exists(save() / "iter_0000020.damaged"));
   EXPECT_EQ(tracker(save()), "30");
+}
+
+// The names of the tensors in a safetensors file: its JSON header, read as text.
+std::string safetensors_header(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char size_bytes[8] = {};
+  in.read(reinterpret_cast<char*>(size_bytes), 8);
+  uint64_t size = 0;
+  for (int i = 7; i >= 0; --i) size = size << 8 | size_bytes[i];
+  std::string header(size, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(size));
+  return header;
+}
+
+// An MoE model (the Llama block, 4 experts) trained by bridge-pretrain over 2 ranks at expert_model_parallel_size 2:
+// one rank file per expert-parallel rank, both verified; bridge-export writes every expert (2 and 3 live only in ep
+// rank 1's file); flipped bytes in ep rank 1's file are named by verify and by a load on every rank.
+TEST_F(DamagedCheckpoint, AnExpertParallelCheckpointIsVerifiedAndExportedWhole) {
+  const std::vector<std::string> args = {"model.num_layers=2",
+                                         "model.hidden_size=32",
+                                         "model.num_query_groups=2",
+                                         "model.normalization=RMSNorm",
+                                         "model.position_embedding_type=rope",
+                                         "model.gated_linear_unit=true",
+                                         "model.activation_func=silu",
+                                         "model.add_bias_linear=false",
+                                         "model.share_embeddings_and_output_weights=false",
+                                         "model.num_moe_experts=4",
+                                         "model.moe_ffn_hidden_size=32",
+                                         "parallelism.expert_model_parallel_size=2",
+                                         "parallelism.timeout=2min",
+                                         "train.num_threads=1",
+                                         "train.eval_interval=0",
+                                         "checkpoint.save=" + save().string(),
+                                         "checkpoint.save_interval=10"};
+  const auto run = [&](int iterations, std::vector<std::string> extra) {
+    std::vector<std::string> all = args;
+    all.push_back("train.train_iters=" + std::to_string(iterations));
+    all.insert(all.end(), extra.begin(), extra.end());
+    return run_ranks(kPretrain, all, 2, kDeadline, {{"XDG_CACHE_HOME", (root_ / "cache").string()}});
+  };
+  const std::vector<RankResult> first = run(10, {});
+  ASSERT_EQ(first[0].exit_code, 0) << describe(first);
+  ASSERT_EQ(first[1].exit_code, 0) << describe(first);
+  const RankResult verified = verify();
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+  EXPECT_THAT(verified.output, HasSubstr("ok       mp_rank_00_000/model_optim_rng.pt"));
+  EXPECT_THAT(verified.output, HasSubstr("ok       mp_rank_00_001/model_optim_rng.pt"));
+  EXPECT_THAT(verified.output, HasSubstr("all 3 files intact"));
+
+  ASSERT_TRUE(fs::exists(kExport)) << kExport << " is not built: build the bridge-export target";
+  const fs::path hf = root_ / "hf";
+  const RankResult exported =
+      run_command({kExport, "--checkpoint", save().string(), "--hf-dir", hf.string()}, kDeadline);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::string header = safetensors_header(hf / "model.safetensors");
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int expert = 0; expert < 4; ++expert) {
+      EXPECT_THAT(header, HasSubstr("model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." +
+                                    std::to_string(expert) + ".w1.weight"));
+    }
+  }
+
+  const fs::path theirs = save() / "iter_0000010" / "mp_rank_00_001" / "model_optim_rng.pt";
+  flip(theirs, fs::file_size(theirs) / 2, 16);
+  const RankResult damaged = verify();
+  EXPECT_EQ(damaged.exit_code, 1) << damaged.output;
+  EXPECT_THAT(damaged.output, HasSubstr("DAMAGED  mp_rank_00_001/model_optim_rng.pt"));
+  EXPECT_THAT(damaged.output, HasSubstr("ok       mp_rank_00_000/model_optim_rng.pt"));
+  const std::vector<RankResult> refused = run(20, {"checkpoint.load=" + save().string()});
+  EXPECT_EQ(refused[0].exit_code, 1) << describe(refused);
+  EXPECT_EQ(refused[1].exit_code, 1) << describe(refused);
+  EXPECT_THAT(refused[1].output, HasSubstr(theirs.string() + " is damaged"));
+  EXPECT_EQ(tracker(save()), "10");
 }
 
 }  // namespace

@@ -2,7 +2,11 @@
 // and with an interleaved pipeline (pp2 x 2 chunks); a checkpoint saved at tp2 x pp2 x dp2 resumes at tp1 x pp1, at
 // pp2 with 2 chunks and at tp4, optimizer state included, with the original layout's losses to fp32 round-off;
 // the distributed optimizer's state resumes bit for bit and in other data-parallel sizes, with or without it; under
-// mpirun, a SIGTERM to one rank of four saves the same step on every rank, and the resume is bit-exact.
+// mpirun, a SIGTERM to one rank of four saves the same step on every rank, and the resume is bit-exact. MoE models
+// with expert parallelism: each layout resumes bit for bit from its mp_rank_<tp>[_<pp>]_<ep> files, a checkpoint
+// reshards between expert-parallel sizes (and tensor, expert tensor and pipeline ones) to fp32 round-off, and one
+// without an expert-parallel rank's file is refused naming it. After every save the worker reads the checkpoint back
+// whole and checks it holds each of its rank's slices (experts and the fp32 expert_bias included).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -41,9 +45,10 @@ fs::path fresh_directory(const std::string& name) {
 // "end <step> <on_train_end fired>".
 struct Record {
   std::map<int64_t, double> loss, grad_norm;
-  std::set<std::string> params;  // "<name> <tp rank> <crc>"
-  std::set<int64_t> end_steps;   // where each rank's pretrain() returned
-  bool train_end = false;        // on_train_end fired on some rank
+  std::set<std::string> params;   // "<name> <tp rank> <crc>"
+  std::set<std::string> buffers;  // "<name> <dtype> <crc>": the MoE routers' expert_bias
+  std::set<int64_t> end_steps;    // where each rank's pretrain() returned
+  bool train_end = false;         // on_train_end fired on some rank
 };
 
 std::vector<std::string> worker_args(const fs::path& out, int tp, int pp, int vpp, int64_t steps,
@@ -67,10 +72,10 @@ Record read_record(const fs::path& out) {
     std::ifstream in(entry.path());
     std::string kind;
     while (in >> kind) {
-      if (kind == "param") {
+      if (kind == "param" || kind == "buffer") {
         std::string param, rank, crc;
         in >> param >> rank >> crc;
-        record.params.insert(param + " " + rank + " " + crc);
+        (kind == "param" ? record.params : record.buffers).insert(param + " " + rank + " " + crc);
         continue;
       }
       if (kind == "end") {
@@ -101,11 +106,21 @@ Record run(const std::string& name, int world, int tp, int pp, int vpp, int64_t 
   return record;
 }
 
-void expect_bit_exact_resume(const std::string& name, int world, int tp, int pp, int vpp) {
+// `rank_files`: the files the save must have written (relative to the iteration directory); none: not checked.
+void expect_bit_exact_resume(const std::string& name, int world, int tp, int pp, int vpp,
+                             const std::string& block = "gpt", const std::vector<std::string>& rank_files = {}) {
   const fs::path saved = fresh_directory(name + "_save");
-  const Record straight = run(name + "_straight", world, tp, pp, vpp, kSteps, "", "");
-  const Record first = run(name + "_first", world, tp, pp, vpp, kSteps / 2, saved.string(), "");
-  const Record second = run(name + "_second", world, tp, pp, vpp, kSteps, saved.string(), "");  // auto_resume
+  const Record straight = run(name + "_straight", world, tp, pp, vpp, kSteps, "", "", block);
+  const Record first = run(name + "_first", world, tp, pp, vpp, kSteps / 2, saved.string(), "", block);
+  for (const std::string& file : rank_files) {
+    EXPECT_TRUE(fs::exists(saved / "iter_0000002" / file / "model_optim_rng.pt")) << name << ": no " << file;
+  }
+  if (!rank_files.empty()) {
+    int directories = 0;
+    for (const auto& entry : fs::directory_iterator(saved / "iter_0000002")) directories += entry.is_directory();
+    EXPECT_EQ(directories, static_cast<int>(rank_files.size())) << name << ": other rank files than expected";
+  }
+  const Record second = run(name + "_second", world, tp, pp, vpp, kSteps, saved.string(), "", block);  // auto_resume
   ASSERT_EQ(straight.loss.size(), static_cast<std::size_t>(kSteps));
   ASSERT_EQ(second.loss.size(), static_cast<std::size_t>(kSteps / 2));
   for (const auto& [step, loss] : second.loss) {
@@ -115,6 +130,7 @@ void expect_bit_exact_resume(const std::string& name, int world, int tp, int pp,
   for (const auto& [step, loss] : first.loss) EXPECT_EQ(loss, straight.loss.at(step)) << name << " step " << step;
   EXPECT_FALSE(straight.params.empty());
   EXPECT_EQ(second.params, straight.params) << name << ": the final parameters differ (CRC per slice)";
+  EXPECT_EQ(second.buffers, straight.buffers) << name << ": the final expert_bias differs (CRC per layer)";
   fs::remove_all(saved);
 }
 
@@ -229,6 +245,105 @@ TEST(CheckpointResume, DistributedOptimizerInBf16KeepsTheFp32MainParams) {
   const Record second = run("distopt_bf16_second", 2, 1, 1, 0, kSteps, saved.string(), "", "gpt+distopt+bf16");
   expect_follows(second, straight, 0.0, "bf16 dp2 resumed");
   EXPECT_EQ(second.params, straight.params) << "the final parameters differ (CRC per slice)";
+  fs::remove_all(saved);
+}
+
+// MoE layouts on 2 ranks (the MoE block of gpt_worker_support.h: 4 experts, 3 MoE layers of 4, shared experts): each
+// resumes bit for bit, from Megatron's legacy files mp_rank_<tp>[_<pp>][_<ep>] (the expert-parallel rank last, only
+// at ep > 1), which every expert-parallel rank writes with its own experts. A save that lost one rank's experts fails
+// the resume (its experts missing) and the worker's read-back after the save.
+TEST(MoECheckpointResume, BitExactInEveryExpertLayout) {
+  struct Layout {
+    const char* name;
+    int tp;
+    const char* block;
+    std::vector<std::string> files;
+  };
+  const std::vector<Layout> layouts = {
+      // ep2 over the 2 data-parallel ranks: dense data-parallel rank 0 and expert data-parallel rank 0 of ep rank 1.
+      {"ep2", 1, "moe+ep2", {"mp_rank_00_000", "mp_rank_00_001"}},
+      // The distributed optimizer shards the dense state over dp 2 and keeps each rank's experts' state whole.
+      {"ep2_distopt", 1, "moe+ep2+distopt", {"mp_rank_00_000", "mp_rank_00_001"}},
+      // tp2 x ep2 on the same two ranks, sequence parallel, experts whole (etp1): tp rank r holds ep rank r's experts.
+      {"tp2_ep2_etp1_sp", 2, "moe+ep2+etp1+sp", {"mp_rank_00_000", "mp_rank_01_001"}},
+      // bf16 with the auxiliary-loss-free expert_bias (fp32 buffers) and the alltoall dispatcher.
+      {"ep2_bf16_expert_bias", 1, "moe+ep2+alltoall+expert_bias+bf16", {"mp_rank_00_000", "mp_rank_00_001"}},
+      // Experts split over 2 expert tensor-parallel ranks at tp 1: their files are told apart by the etp rank.
+      {"etp2", 1, "moe+etp2", {"mp_rank_00_etp00", "mp_rank_00_etp01"}},
+  };
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    expect_bit_exact_resume(std::string("moe_") + layout.name, 2, layout.tp, 1, 0, layout.block, layout.files);
+  }
+}
+
+// A checkpoint saved in one expert layout resumes in others (experts found by their global names, expert
+// tensor-parallel slices by their shard metadata), continuing the saving layout's straight run to fp32 round-off
+// (bf16: 1e-2), and the ep1 run as if it had never been interrupted.
+TEST(MoECheckpointResume, ReshardsBetweenExpertLayouts) {
+  struct Target {
+    const char* name;
+    int world, tp, pp;
+    const char* block;
+  };
+  struct Source {
+    const char* name;
+    int tp;
+    const char* block;
+    double tolerance;
+    std::vector<Target> targets;
+  };
+  const std::vector<Source> sources = {
+      {"ep2",
+       1,
+       "moe+ep2",
+       2e-5,
+       {{"ep1", 2, 1, 1, "moe"},
+        {"ep1_dp1", 1, 1, 1, "moe"},
+        {"pp2", 2, 1, 2, "moe"},
+        {"tp2_etp2", 2, 2, 1, "moe+sp"}}},
+      {"ep1", 1, "moe", 2e-5, {{"ep2", 2, 1, 1, "moe+ep2"}, {"tp2_ep2_etp1", 2, 2, 1, "moe+ep2+etp1+sp"}}},
+      {"tp2_ep2_etp1", 2, "moe+ep2+etp1+sp", 2e-5, {{"ep1_dp1", 1, 1, 1, "moe"}, {"etp2", 2, 1, 1, "moe+etp2"}}},
+      {"ep2_distopt", 1, "moe+ep2+distopt", 2e-5, {{"ep1_plain", 2, 1, 1, "moe"}, {"ep2", 2, 1, 1, "moe+ep2"}}},
+      {"ep2_bf16_bias", 1, "moe+ep2+expert_bias+bf16", 1e-2, {{"ep1", 2, 1, 1, "moe+expert_bias+bf16"}}},
+  };
+  const Record ep1_straight = run("moe_reshard_ep1_straight", 2, 1, 1, 0, kSteps, "", "", "moe");
+  for (const Source& source : sources) {
+    SCOPED_TRACE(source.name);
+    const std::string prefix = std::string("moe_reshard_") + source.name;
+    const fs::path saved = fresh_directory(prefix + "_save");
+    const Record straight = run(prefix + "_straight", 2, source.tp, 1, 0, kSteps, "", "", source.block);
+    run(prefix + "_first", 2, source.tp, 1, 0, kSteps / 2, saved.string(), "", source.block);
+    for (const Target& target : source.targets) {
+      const Record resumed = run(prefix + "_to_" + target.name, target.world, target.tp, target.pp, 0, kSteps, "",
+                                 saved.string(), target.block);
+      const std::string what = std::string(source.name) + " -> " + target.name;
+      expect_follows(resumed, straight, source.tolerance, what);
+      if (std::string(target.block) == "moe") expect_follows(resumed, ep1_straight, source.tolerance, what + " (ep1)");
+    }
+    fs::remove_all(saved);
+  }
+}
+
+// An ep2 checkpoint without ep rank 1's file (its experts) is refused on every rank, naming the file, before a step;
+// so is one whose common.pt no longer lists an expert (checkpoint_test's MoECheckpoint cases).
+TEST(MoECheckpointResume, AMissingExpertParallelRankFileIsRefusedNamingIt) {
+  const fs::path saved = fresh_directory("moe_missing_save");
+  run("moe_missing_first", 2, 1, 1, 0, kSteps / 2, saved.string(), "", "moe+ep2");
+  const fs::path lost = saved / "iter_0000002" / "mp_rank_00_001";
+  ASSERT_TRUE(fs::exists(lost / "model_optim_rng.pt"));
+  fs::remove_all(lost);
+  for (const char* block : {"moe+ep2", "moe"}) {
+    const fs::path out = fresh_directory("moe_missing_resume");
+    const auto results =
+        run_ranks(kWorker, worker_args(out, 1, 1, 0, kSteps, "", saved.string(), block), 2, std::chrono::seconds(240));
+    for (const RankResult& result : results) {
+      EXPECT_EQ(result.exit_code, 1) << block << ":\n" << describe(results);
+      EXPECT_THAT(result.output, ::testing::HasSubstr((lost / "model_optim_rng.pt").string() + " is missing")) << block;
+    }
+    EXPECT_FALSE(fs::exists(out / "pid0")) << block << ": training started";
+    fs::remove_all(out);
+  }
   fs::remove_all(saved);
 }
 

@@ -16,9 +16,15 @@
 //   gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save_dir|-> <load_dir|-> [<block>[+switches]]
 //       pretrain() the tiny GPT (vocabulary padded alike at tp 1, 2 and 4) for <steps> steps, saving to / loading
 //       from the directories, and write <out_dir>/rank<r>.txt: the losses (last stage) and grad norms (rank 0) of
-//       every step as exact hex floats, a CRC of every parameter slice this rank holds after on_train_end, and
-//       "end <step> <1 if on_train_end fired>". train.exit_signal_handler is on: once training has started, each rank
-//       writes its process id to <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
+//       every step as exact hex floats, a CRC of every parameter slice and saved buffer (the MoE router's
+//       expert_bias, with its dtype) this rank holds after on_train_end, and "end <step> <1 if on_train_end fired>".
+//       After each save every rank reads the checkpoint back as bridge-export does (all files, through common.pt's
+//       index) and checks that it holds each of this rank's parameter slices and buffers with their values: an
+//       expert-parallel rank whose experts were not saved fails. Besides apply_switches' switches, +expert_bias:
+//       sigmoid routing with Megatron-Core's auxiliary-loss-free expert bias (a buffer moved every step), and +etp2:
+//       expert_tensor_parallel_size 2 (at tp 1, each expert split over ranks that share the dense tp rank).
+//       train.exit_signal_handler is on: once training has started, each rank writes its process id to
+//       <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
 //   gpt_worker caught_failure <failing_rank> <tp> <pp> <step|callback>
@@ -45,10 +51,12 @@
 
 #include "bridge/bridge.h"
 #include "bridge/hf/auto_bridge.h"
+#include "parallel/dist_checkpointing/sharded_tensor.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "tests/dist/gpt_worker_support.h"
+#include "training/checkpointing/saved_checkpoint.h"
 #include "training/inference.h"
 #include "training/optimizer/distrib_optimizer.h"
 #include "utils/crc32c.h"
@@ -352,8 +360,56 @@ int run_generate(const std::string& out_dir, int tp, int pp, int vpp, bool seque
   return 0;
 }
 
+// The MoE router's expert_bias: the one buffer a checkpoint saves.
+bool is_saved_buffer(const std::string& name) {
+  const std::string suffix = ".mlp.router.expert_bias";
+  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// This rank's parameters and saved buffers (the MoE routers' expert_bias) under their global names.
+std::vector<std::pair<std::string, torch::Tensor>> resume_tensors(const models::GPTModel& chunk) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = models::global_named_parameters(chunk);
+  for (const auto& item : chunk->named_buffers()) {
+    const std::string& local = item.key();
+    if (!is_saved_buffer(local)) continue;
+    const std::size_t dot = local.find('.', 7);  // "layers.<i>.mlp.router.expert_bias"
+    const int64_t layer = chunk->chunk_options().first_layer + std::stoll(local.substr(7, dot - 7));
+    tensors.emplace_back("decoder.layers." + std::to_string(layer) + local.substr(dot), item.value());
+  }
+  return tensors;
+}
+
+// After a save: the checkpoint, read back whole as bridge-export reads it, holds every slice this rank has (an expert
+// of each expert-parallel rank, the fp32 expert_bias) with this rank's values (a bf16 model's: its fp32 main values
+// rounded to bf16). The tied embedding's copy on the last stage is not saved.
+void check_saved(const CallbackContext& ctx) {
+  const std::filesystem::path iteration = ctx.checkpoint->path;
+  const SavedWeights saved = load_saved_weights(iteration.parent_path().string(), ctx.checkpoint->iteration);
+  int checked = 0;
+  for (const auto& chunk : ctx.model) {
+    for (const auto& [name, tensor] :
+         resume_tensors(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
+      if (!parallel::tensor_parallel::param_is_not_shared(tensor)) continue;
+      auto found = saved.tensors.find(name);
+      expect(found != saved.tensors.end(), "the checkpoint " + iteration.string() + " holds " + name);
+      if (found == saved.tensors.end()) continue;
+      const bool buffer = is_saved_buffer(name);
+      namespace dc = parallel::dist_checkpointing;
+      dc::ShardedTensorLayout whole;
+      whole.global_shape = found->second.sizes().vec();
+      const dc::ShardedTensorLayout mine = buffer ? whole : dc::sharded_tensor_layout(tensor);
+      torch::Tensor slice = torch::zeros(tensor.sizes(), torch::kFloat32);
+      dc::copy_overlap(slice, mine, found->second, whole);
+      expect(torch::equal(slice.to(tensor.scalar_type()), tensor.detach().cpu()),
+             "the checkpoint " + iteration.string() + " holds this rank's values of " + name);
+      ++checked;
+    }
+  }
+  expect(checked > 0, "checked this rank's tensors in the checkpoint");
+}
+
 int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t steps, const std::string& save,
-               const std::string& load, const std::string& block) {
+               const std::string& load, std::string block) {
   auto manager = std::make_shared<CallbackManager>();
   std::string lines;
   auto add = [&](const char* kind, int64_t step, double value) {
@@ -374,14 +430,20 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     std::ofstream(pid_file + ".tmp") << ::getpid() << "\n";
     std::filesystem::rename(pid_file + ".tmp", pid_file);  // whole when it appears
   });
+  manager->register_callback(Event::kCheckpointSave, check_saved);
   bool train_end = false;
   manager->register_callback(Event::kTrainEnd, [&](CallbackContext& ctx) {
     train_end = true;
     for (const auto& chunk : ctx.model) {
-      for (const auto& [name, param] :
-           models::global_named_parameters(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
-        const torch::Tensor bytes = param.detach().contiguous();
+      for (const auto& [name, tensor] :
+           resume_tensors(models::GPTModel(std::static_pointer_cast<models::GPTModelImpl>(chunk)))) {
+        const torch::Tensor bytes = tensor.detach().contiguous();
         const auto crc = utils::crc32c(std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+        if (is_saved_buffer(name)) {  // a buffer: the fp32 expert_bias, also under bf16
+          lines += "buffer " + name + " " + c10::toString(tensor.scalar_type()) + " " + std::to_string(crc) + "\n";
+          expect(tensor.scalar_type() == torch::kFloat32, name + " is fp32");
+          continue;
+        }
         lines += "param " + name + " " + std::to_string(parallel::get_tensor_model_parallel_rank()) + " " +
                  std::to_string(crc) + "\n";
       }
@@ -393,6 +455,18 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   if (save != "-") config.checkpoint.save = save;
   if (load != "-") config.checkpoint.load = load;
   config.train.exit_signal_handler = true;
+  const std::string kExpertBias = "+expert_bias";
+  if (const std::size_t at = block.find(kExpertBias); at != std::string::npos) {
+    block.erase(at, kExpertBias.size());
+    config.model.moe_router_score_function = models::MoERouterScoreFunction::kSigmoid;
+    config.model.moe_router_enable_expert_bias = true;
+    config.model.moe_router_bias_update_rate = 1e-2;  // a bias that moves visibly in a few steps
+  }
+  const std::string kEtp2 = "+etp2";  // experts split over 2 ranks whatever the tensor-parallel size
+  if (const std::size_t at = block.find(kEtp2); at != std::string::npos) {
+    block.erase(at, kEtp2.size());
+    config.parallelism.expert_tensor_parallel_size = 2;
+  }
   apply_switches(config, block);
   const TrainState state = pretrain(config, gpt_forward_step, manager);
   lines += "end " + std::to_string(state.step) + " " + (train_end ? "1" : "0") + "\n";
@@ -508,7 +582,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "usage: gpt_worker parity <out_dir> <tp> <pp> <vpp|0> <steps> [precision] [gpt|llama]\n"
       "       gpt_worker dropout [sp]\n"
-      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|-> [gpt|llama]\n"
+      "       gpt_worker resume <out_dir> <tp> <pp> <vpp|0> <steps> <save|-> <load|-> [<block>[+switches]]\n"
       "       gpt_worker bad_data\n"
       "       gpt_worker control <stop|abort|save> <rank> <step> <out_dir>\n"
       "       gpt_worker builtins <out_dir>\n"
