@@ -1,7 +1,8 @@
 // bridge-export: writes a Hugging Face directory (config.json + model.safetensors, or its shards and
 // model.safetensors.index.json past --max-shard-size; AutoModelForCausalLM.from_pretrained loads either) from a bridge
 // checkpoint saved in any parallel layout; the reverse of bridge-pretrain checkpoint.pretrained_checkpoint=hf:<dir>.
-// The model_type follows the model's shape (gpt2, llama, qwen2, qwen3; --model-type mistral for a Mistral). Beside
+// The model_type follows the model's shape (gpt2, llama, qwen2, qwen3, and with experts qwen3_moe, qwen2_moe,
+// mixtral, olmoe; --model-type mistral for a Mistral). Beside
 // the weights: generation_config.json and the tokenizer files (AutoTokenizer.from_pretrained loads them), from the
 // run the checkpoint recorded (its hf:<dir> start, its tokenizer section) or --tokenizer / --hf-source.
 //
@@ -331,8 +332,10 @@ int main(int argc, char** argv) {
        cxxopts::value<int64_t>(), "N")
       ("hf-dir", "the Hugging Face directory to write (created; the files written are replaced, other files kept)",
        cxxopts::value<std::string>(), "DIR")
-      ("model-type", "the config.json model_type to write: gpt2, llama, mistral, qwen2 or qwen3; default: what the "
-       "model's shape is (learned positions: gpt2; q/k norms: qwen3; QKV biases alone: qwen2; else llama)",
+      ("model-type", "the config.json model_type to write: gpt2, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, "
+       "mixtral or olmoe; default: what the model's shape is (learned positions: gpt2; q/k norms: qwen3; QKV biases "
+       "alone: qwen2; else llama; with experts: q/k norms over all heads: olmoe; per head: qwen3_moe; a shared expert "
+       "or QKV biases: qwen2_moe; else mixtral)",
        cxxopts::value<std::string>(), "TYPE")
       ("max-shard-size", "the largest weight file, as transformers' max_shard_size: 5GB, 500MB, 2GiB or bytes; "
        "weights past it are written as shards model-0000K-of-0000N.safetensors with model.safetensors.index.json",
@@ -383,10 +386,13 @@ int main(int argc, char** argv) {
     }
     if (args.count("model-type")) {
       model_type = args["model-type"].as<std::string>();
-      if (model_type != "gpt2" && model_type != "llama" && model_type != "mistral" && model_type != "qwen2" &&
-          model_type != "qwen3") {
-        throw std::invalid_argument("--model-type must be gpt2, llama, mistral, qwen2 or qwen3, got '" + model_type +
-                                    "'");
+      static const std::set<std::string> kTypes = {"gpt2",      "llama",     "mistral", "qwen2", "qwen3",
+                                                   "qwen2_moe", "qwen3_moe", "mixtral", "olmoe"};
+      if (kTypes.count(model_type) == 0) {
+        throw std::invalid_argument(
+            "--model-type must be gpt2, llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, "
+            "mixtral or olmoe, got '" +
+            model_type + "'");
       }
     }
   } catch (const std::exception& e) {

@@ -110,6 +110,7 @@ const ArchitectureField kArchitecture[] = {
     BRIDGE_ARCHITECTURE_FIELD(add_bias_linear),
     BRIDGE_ARCHITECTURE_FIELD(add_qkv_bias),
     BRIDGE_ARCHITECTURE_FIELD(qk_layernorm),
+    BRIDGE_ARCHITECTURE_FIELD(qk_layernorm_across_heads),
     BRIDGE_ARCHITECTURE_FIELD(share_embeddings_and_output_weights),
     // What the experts compute; the auxiliary losses, capacity and dispatcher are the run's choices.
     BRIDGE_ARCHITECTURE_FIELD(num_moe_experts),
@@ -150,6 +151,7 @@ std::vector<std::string> architecture_differences(const models::GPTConfig& ours,
 std::string hf_model_type_for(const models::GPTConfig& config) {
   if (config.position_embedding_type == models::PositionEmbeddingType::kLearnedAbsolute) return "gpt2";
   if (config.num_moe_experts) {
+    if (config.qk_layernorm_across_heads) return "olmoe";
     if (config.qk_layernorm) return "qwen3_moe";
     if (config.moe_shared_expert_intermediate_size || config.add_qkv_bias) return "qwen2_moe";
     return "mixtral";

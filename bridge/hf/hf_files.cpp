@@ -96,8 +96,9 @@ void keep_source_fields(json& config, const json& source, const HfArtifacts& art
   // Ids of another tokenizer replace all of the source's: its pad id names a token of its own vocabulary.
   const bool new_ids = artifacts.bos_token_id || artifacts.eos_token_id;
   if (!new_ids) {
+    // An explicit null too: a family whose class defaults are other ids (OLMoE's eos 50279) would read those.
     for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
-      if (const auto it = source.find(key); it != source.end() && !it->is_null()) config[key] = *it;
+      if (const auto it = source.find(key); it != source.end()) config[key] = *it;
     }
   }
   if (artifacts.bos_token_id) config["bos_token_id"] = *artifacts.bos_token_id;

@@ -60,29 +60,34 @@ constexpr Moe kMixtral = {
     "num_local_experts", nullptr, "intermediate_size", false, false, false, {"block_sparse_moe", "w1", "w3", "w2"}};
 constexpr Moe kOlmoe = {"num_experts", nullptr, "intermediate_size", false, true, false, kInMemory};
 
+// The family's q_norm and k_norm.
+enum class QkNorm {
+  kNone,
+  kPerHead,      ///< an RMSNorm over each head's head_dim channels (Qwen3, Qwen3-MoE)
+  kAcrossHeads,  ///< one RMSNorm over all heads' channels (OLMoE): model.qk_layernorm_across_heads
+};
+
 struct Family {
   std::string_view model_type;
   std::string_view architecture;
   AttentionBias bias;
-  bool qk_norm;                ///< q_norm and k_norm per head (Qwen3, Qwen3-MoE)
+  QkNorm qk_norm;
   const char* sliding_window;  ///< the key that switches a sliding window on, or null
   const Moe* moe;              ///< its experts, or null (dense)
   const char* refused;         ///< why bridge cannot compute this family's model, or null
 };
 
 constexpr Family kFamilies[] = {
-    {"llama", "LlamaForCausalLM", AttentionBias::kConfigKey, false, nullptr, nullptr, nullptr},
-    {"mistral", "MistralForCausalLM", AttentionBias::kNone, false, "sliding_window", nullptr, nullptr},
-    {"qwen2", "Qwen2ForCausalLM", AttentionBias::kQkvAlways, false, "use_sliding_window", nullptr, nullptr},
-    {"qwen3", "Qwen3ForCausalLM", AttentionBias::kConfigKey, true, "use_sliding_window", nullptr, nullptr},
-    {"qwen2_moe", "Qwen2MoeForCausalLM", AttentionBias::kQkvKey, false, "use_sliding_window", &kQwen2Moe, nullptr},
-    {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionBias::kConfigKey, true, "use_sliding_window", &kQwen3Moe, nullptr},
-    {"mixtral", "MixtralForCausalLM", AttentionBias::kNone, false, "sliding_window", &kMixtral, nullptr},
-    {"olmoe", "OlmoeForCausalLM", AttentionBias::kConfigKey, false, nullptr, &kOlmoe,
-     "OLMoE's q_norm and k_norm are RMSNorms over the whole query and key projections (num_attention_heads x head_dim "
-     "and num_key_value_heads x head_dim channels at once, one weight each of that width), while bridge's "
-     "model.qk_layernorm normalises each head's head_dim channels on their own: bridge's model cannot compute OLMoE "
-     "(it needs a q/k norm across heads, as Megatron-Bridge's OLMoESelfAttention adds, and clip_qkv)"},
+    {"llama", "LlamaForCausalLM", AttentionBias::kConfigKey, QkNorm::kNone, nullptr, nullptr, nullptr},
+    {"mistral", "MistralForCausalLM", AttentionBias::kNone, QkNorm::kNone, "sliding_window", nullptr, nullptr},
+    {"qwen2", "Qwen2ForCausalLM", AttentionBias::kQkvAlways, QkNorm::kNone, "use_sliding_window", nullptr, nullptr},
+    {"qwen3", "Qwen3ForCausalLM", AttentionBias::kConfigKey, QkNorm::kPerHead, "use_sliding_window", nullptr, nullptr},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", AttentionBias::kQkvKey, QkNorm::kNone, "use_sliding_window", &kQwen2Moe,
+     nullptr},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", AttentionBias::kConfigKey, QkNorm::kPerHead, "use_sliding_window", &kQwen3Moe,
+     nullptr},
+    {"mixtral", "MixtralForCausalLM", AttentionBias::kNone, QkNorm::kNone, "sliding_window", &kMixtral, nullptr},
+    {"olmoe", "OlmoeForCausalLM", AttentionBias::kConfigKey, QkNorm::kAcrossHeads, nullptr, &kOlmoe, nullptr},
 };
 
 const Family* find_family(std::string_view model_type) {
@@ -168,12 +173,16 @@ const std::vector<LayerTensor>& layer_tensors() {
        {"self_attn.q_norm.weight"},
        Join::kOne,
        When::kQkNorm,
-       [](const models::GPTConfig& c) { return std::vector<int64_t>{c.head_dim()}; }},
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{c.qk_layernorm_across_heads ? c.query_projection_size() : c.head_dim()};
+       }},
       {"self_attention.k_layernorm.weight",
        {"self_attn.k_norm.weight"},
        Join::kOne,
        When::kQkNorm,
-       [](const models::GPTConfig& c) { return std::vector<int64_t>{c.head_dim()}; }},
+       [](const models::GPTConfig& c) {
+         return std::vector<int64_t>{c.qk_layernorm_across_heads ? c.query_groups() * c.head_dim() : c.head_dim()};
+       }},
       {"self_attention.linear_proj.weight",
        {"self_attn.o_proj.weight"},
        Join::kOne,
@@ -485,7 +494,13 @@ models::GPTConfig llama_config(const fs::path& directory) {
            (mlp_bias ? "true" : "false") + "; bridge's model.add_bias_linear puts biases on both or neither");
   }
   gpt.add_bias_linear = attention_bias;
-  gpt.qk_layernorm = family->qk_norm;
+  gpt.qk_layernorm = family->qk_norm != QkNorm::kNone;
+  gpt.qk_layernorm_across_heads = family->qk_norm == QkNorm::kAcrossHeads;
+  if (const auto clip = config.find("clip_qkv"); clip != config.end() && !clip->is_null()) {
+    refuse("clip_qkv is " + clip->dump() +
+           ": OLMoE clamps q, k and v to that bound, which bridge's attention does not; "
+           "it must be null");
+  }
   gpt.share_embeddings_and_output_weights = value_or<bool>(config, "tie_word_embeddings", false);
   gpt.hidden_dropout = 0.0;  // the family has none
   gpt.attention_dropout = value_or<double>(config, "attention_dropout", 0.0);
@@ -520,6 +535,8 @@ void check_llama_config(const fs::path& directory, const models::GPTConfig& conf
   require(config.add_bias_linear == theirs.add_bias_linear, "add_bias_linear", flag(theirs.add_bias_linear));
   require(config.qkv_bias() == theirs.qkv_bias(), "add_qkv_bias", flag(theirs.qkv_bias()));
   require(config.qk_layernorm == theirs.qk_layernorm, "qk_layernorm", flag(theirs.qk_layernorm));
+  require(config.qk_layernorm_across_heads == theirs.qk_layernorm_across_heads, "qk_layernorm_across_heads",
+          flag(theirs.qk_layernorm_across_heads));
   require(same(config.layernorm_epsilon, theirs.layernorm_epsilon), "layernorm_epsilon",
           text(theirs.layernorm_epsilon));
   require(same(config.rotary_base, theirs.rotary_base), "rotary_base", text(theirs.rotary_base));
@@ -673,8 +690,12 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
   need(config.position_embedding_type == models::PositionEmbeddingType::kRope,
        "its positions are RoPE (model.position_embedding_type)");
   need(config.gated_linear_unit, "its MLP is gated (model.gated_linear_unit)");
-  need(config.qk_layernorm == family->qk_norm,
-       std::string("q/k norms are ") + (family->qk_norm ? "" : "not ") + "part of it (model.qk_layernorm)");
+  need(config.qk_layernorm == (family->qk_norm != QkNorm::kNone), std::string("q/k norms are ") +
+                                                                      (family->qk_norm != QkNorm::kNone ? "" : "not ") +
+                                                                      "part of it (model.qk_layernorm)");
+  need(config.qk_layernorm_across_heads == (family->qk_norm == QkNorm::kAcrossHeads),
+       std::string("its q/k norms are ") + (family->qk_norm == QkNorm::kAcrossHeads ? "over all heads" : "per head") +
+           " (model.qk_layernorm_across_heads)");
   const bool qkv_only_bias = config.add_qkv_bias && !config.add_bias_linear;
   if (family->bias != AttentionBias::kQkvKey) {
     need(qkv_only_bias == (family->bias == AttentionBias::kQkvAlways),
@@ -764,6 +785,7 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
   };
   if (family->bias == AttentionBias::kConfigKey) hf["attention_bias"] = config.add_bias_linear;
   if (family->bias == AttentionBias::kQkvKey) hf["qkv_bias"] = config.add_qkv_bias;
+  if (family->qk_norm == QkNorm::kAcrossHeads) hf["clip_qkv"] = nullptr;
   if (model_type == "llama") hf["mlp_bias"] = config.add_bias_linear;
   if (family->sliding_window != nullptr) {
     if (std::string_view(family->sliding_window) == "sliding_window") {

@@ -151,6 +151,9 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
           "model.sequence_parallel splits each sequence over the tensor-parallel ranks, but model.seq_length (" +
               str(seq_length) + ") is not divisible by the tensor-parallel size (" + str(tp) + "); use a multiple of " +
               str(tp) + " or set model.sequence_parallel: false");
+  require(!qk_layernorm_across_heads || (qk_layernorm && normalization == Normalization::kRMSNorm),
+          "model.qk_layernorm_across_heads needs model.qk_layernorm: true and model.normalization: RMSNorm (OLMoE's "
+          "q/k RMSNorm over all heads)");
   validate_recompute(*this, pipeline_model_parallel_size);
   validate_moe(*this, tensor_model_parallel_size, expert_model_parallel_size, expert_tensor_parallel_size);
   const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *

@@ -155,6 +155,10 @@ struct GPTConfig {
   bool add_qkv_bias = false;
   /// Normalization of each query and key head before RoPE (Qwen3, OLMo-2).
   bool qk_layernorm = false;
+  /// With qk_layernorm: one RMSNorm over all query heads together (weight [heads x head_dim]) and one over all key
+  /// heads, as OLMoE normalises q_proj's and k_proj's whole outputs; across tensor-parallel ranks the sum of squares is
+  /// all-reduced and each rank holds its heads' share of the weights.
+  bool qk_layernorm_across_heads = false;
   /// Standard deviation of the normal initialisation; output projections use std / sqrt(2 * num_layers).
   double init_method_std = 0.02;
   /// Seed of the weight initialisation. Every weight is drawn from its own generator seeded from this and the

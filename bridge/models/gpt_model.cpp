@@ -226,7 +226,8 @@ std::vector<torch::Tensor> tensor_parallel_partial_weights(const std::vector<GPT
   for (const GPTModel& chunk : chunks) {
     for (const auto& layer : *chunk->layers) {
       const SelfAttention& attention = layer->as<TransformerLayerImpl>()->self_attention;
-      if (!attention->q_layernorm) continue;
+      // Across heads the q/k norms are split with the heads (whole gradients per rank), not partial.
+      if (!attention->q_layernorm || chunk->config().qk_layernorm_across_heads) continue;
       for (const Norm& norm : {attention->q_layernorm, attention->k_layernorm}) {
         for (const torch::Tensor& param : norm->parameters()) weights.push_back(param);
       }

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/random.h"
 
@@ -93,6 +94,8 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
       head_dim_(config.head_dim()),
       attention_dropout_(config.attention_dropout),
       attention_backend_(config.attention_backend),
+      qk_norm_across_heads_(config.qk_layernorm_across_heads),
+      layernorm_epsilon_(config.layernorm_epsilon),
       recompute_core_attention_(config.recomputes("core_attn")),
       sequence_parallel_(uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
   const int64_t h = config.hidden_size;
@@ -109,10 +112,41 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
   proj.sequence_parallel = sequence_parallel_;
   proj.init_method = init_method_for(config, prefix + "linear_proj.weight", output_layer_std(config));
   linear_proj = register_module("linear_proj", tp::RowParallelLinear(proj));
-  if (config.qk_layernorm) {
+  if (config.qk_layernorm && qk_norm_across_heads_) {
+    // This rank's heads' share of weights [heads x head_dim] and [groups x head_dim], split as linear_qkv's heads.
+    q_layernorm =
+        register_module("q_layernorm", Norm(config.normalization, local_heads_ * head_dim_, config.layernorm_epsilon));
+    k_layernorm =
+        register_module("k_layernorm", Norm(config.normalization, local_groups_ * head_dim_, config.layernorm_epsilon));
+    if (parallel::get_tensor_model_parallel_world_size() > 1) {
+      for (const Norm& norm : {q_layernorm, k_layernorm}) {
+        tp::ParamAttributes attributes;
+        attributes.tensor_model_parallel = true;
+        attributes.partition_dim = 0;
+        tp::set_param_attributes(norm->weight, attributes);
+      }
+    }
+  } else if (config.qk_layernorm) {
     q_layernorm = register_module("q_layernorm", Norm(config.normalization, head_dim_, config.layernorm_epsilon));
     k_layernorm = register_module("k_layernorm", Norm(config.normalization, head_dim_, config.layernorm_epsilon));
   }
+}
+
+torch::Tensor SelfAttentionImpl::norm_across_heads(const torch::Tensor& heads, const Norm& norm) const {
+  // [s, b, n, d] -> one RMSNorm over the n x d channels of all ranks: the sum of squares is all-reduced in forward
+  // and, since every rank's normalised heads depend on it, its gradient is all-reduced in backward.
+  const auto sizes = heads.sizes().vec();
+  const torch::Tensor flat = heads.reshape({sizes[0], sizes[1], -1});
+  const torch::Tensor x = flat.to(torch::kFloat);
+  torch::Tensor sum_squares = x.square().sum(-1, /*keepdim=*/true);
+  int64_t width = flat.size(-1);
+  if (parallel::get_tensor_model_parallel_world_size() > 1) {
+    sum_squares = tp::copy_to_tensor_model_parallel_region(tp::reduce_from_tensor_model_parallel_region(sum_squares));
+    width *= parallel::get_tensor_model_parallel_world_size();
+  }
+  const torch::Tensor normalised =
+      (x * torch::rsqrt(sum_squares / static_cast<double>(width) + layernorm_epsilon_)).to(flat.scalar_type());
+  return (normalised * norm->weight).view(sizes);
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, const torch::Tensor& attention_mask,
@@ -127,7 +161,10 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
   torch::Tensor q = qkv.narrow(3, 0, per_group).reshape({s, b, local_heads_, head_dim_});
   torch::Tensor k = qkv.select(3, per_group);
   torch::Tensor v = qkv.select(3, per_group + 1);
-  if (q_layernorm) {
+  if (q_layernorm && qk_norm_across_heads_) {
+    q = norm_across_heads(q, q_layernorm);
+    k = norm_across_heads(k, k_layernorm);
+  } else if (q_layernorm) {
     q = q_layernorm(q);
     k = k_layernorm(k);
   }

@@ -40,15 +40,19 @@ class SelfAttentionImpl : public torch::nn::Module {
 
   parallel::tensor_parallel::ColumnParallelLinear linear_qkv{nullptr};
   parallel::tensor_parallel::RowParallelLinear linear_proj{nullptr};
-  Norm q_layernorm{nullptr};  ///< with qk_layernorm: over each query head's channels
+  Norm q_layernorm{nullptr};  ///< with qk_layernorm: over each query head's channels (or all heads, across_heads)
   Norm k_layernorm{nullptr};
 
  private:
+  torch::Tensor norm_across_heads(const torch::Tensor& heads, const Norm& norm) const;
+
   int64_t local_heads_;
   int64_t local_groups_;
   int64_t head_dim_;
   double attention_dropout_;
   AttnBackend attention_backend_;
+  bool qk_norm_across_heads_;  // q/k RMSNorm over all heads, the sum of squares all-reduced over tensor parallelism
+  double layernorm_epsilon_;
   bool recompute_core_attention_;                                   // selective recomputation of the core attention
   bool sequence_parallel_;                                          // the block runs in the tracker's fork
   torch::Tensor causal_mask_ = torch::empty({0, 0}, torch::kBool);  // [s, s], true above the diagonal; per length

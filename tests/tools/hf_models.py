@@ -28,7 +28,7 @@ FAMILY: gpt2; llama (grouped-query attention, untied, Llama 3's rope_theta, a to
 rope scaling, tied embeddings, a context of 128); mistral; qwen2 (QKV biases); qwen3 (q/k norms, a head width of its
 own); and the Mixture-of-Experts families, each with 4 experts of which a token takes 2: qwen3_moe (renormalised
 weights, layer 1 dense), qwen2_moe (weights not renormalised, a gated shared expert, every second layer MoE),
-mixtral and olmoe (q/k norms over all heads, which bridge refuses). Their routers' weights are scaled up (x10) after
+mixtral and olmoe (q/k norms over all heads: model.qk_layernorm_across_heads). Their routers' weights are scaled up (x10) after
 the perturbation, so that no token's k-th and (k+1)-th experts are near a tie that round-off could swap between
 transformers and bridge; their experts run transformers' eager loop (experts_implementation="eager").
 """

@@ -212,9 +212,9 @@ TEST(TheoreticalMemory, ExpertsAreCountedPerExpertParallelRank) {
 
 // GPT-2's block tied and untied, then Llama's (RMSNorm, RoPE, SwiGLU, grouped queries, no biases), Qwen2's (a QKV
 // bias without the others), Qwen3's (q/k norms, a head width of its own) and an MoE model (routed experts, a gated
-// shared expert, a dense layer among the MoE ones).
+// shared expert, a dense layer among the MoE ones), and OLMoE's q/k norms over all heads.
 TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
-  for (int variant = 0; variant < 6; ++variant) {
+  for (int variant = 0; variant < 7; ++variant) {
     const bool tied = variant != 1;
     ConfigContainer config = tiny_config();
     config.model.share_embeddings_and_output_weights = tied;
@@ -232,6 +232,10 @@ TEST(TheoreticalMemory, ParameterCountEqualsTheBuiltModel) {
       config.model.qk_layernorm = true;
       config.model.kv_channels = 6;
       config.model.normalization = models::Normalization::kLayerNorm;
+    }
+    if (variant == 6) {  // OLMoE's q/k norms over all heads
+      config.model.qk_layernorm = true;
+      config.model.qk_layernorm_across_heads = true;
     }
     if (variant == 5) {
       config.model.num_moe_experts = 4;

@@ -223,7 +223,9 @@ TEST(RecomputeConfig, MegatronCoresRulesNameTheField) {
   config.recompute_modules = std::vector<std::string>{"core_attn", "layernorm"};
   EXPECT_THAT(validate_error(config), HasSubstr("model.recompute_modules: 'layernorm' is not supported"));
   config.recompute_modules = std::vector<std::string>{"moe_act"};
-  EXPECT_THAT(validate_error(config), HasSubstr("no experts"));
+  EXPECT_THAT(validate_error(config), HasSubstr("no fused grouped activation"));
+  config.recompute_modules = std::vector<std::string>{"moe", "shared_experts"};
+  EXPECT_EQ(validate_error(config), "");
 }
 
 }  // namespace

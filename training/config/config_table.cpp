@@ -60,6 +60,9 @@ const std::vector<Field>& fields() {
             "A bias on QKV even without model.add_bias_linear (Qwen2)."),
       field("model.qk_layernorm", &C::model, &GPTConfig::qk_layernorm,
             "Normalize each query and key head before RoPE (Qwen3, OLMo-2)."),
+      field("model.qk_layernorm_across_heads", &C::model, &GPTConfig::qk_layernorm_across_heads,
+            "With model.qk_layernorm: one RMSNorm over all query heads together and one over all key heads (OLMoE), "
+            "instead of one per head."),
       field("model.init_method_std", &C::model, &GPTConfig::init_method_std,
             "Std of the normal weight initialisation (output projections: std / sqrt(2 x num_layers))."),
       field("model.init_seed", &C::model, &GPTConfig::init_seed,

@@ -38,8 +38,13 @@ LayerParameters layer_parameters(const models::GPTConfig& m, bool moe) {
   const double fc1 = (m.gated_linear_unit ? 2 : 1) * f;
   LayerParameters layer;
   layer.split = h * qkv + proj * h + (m.qkv_bias() ? qkv : 0);
-  layer.replicated = (m.add_bias_linear ? h : 0) + 2 * norm_parameters(m, h) +
-                     (m.qk_layernorm ? 2 * norm_parameters(m, static_cast<double>(m.head_dim())) : 0);
+  layer.replicated =
+      (m.add_bias_linear ? h : 0) + 2 * norm_parameters(m, h) +
+      (m.qk_layernorm && !m.qk_layernorm_across_heads ? 2 * norm_parameters(m, static_cast<double>(m.head_dim())) : 0);
+  // Across heads (OLMoE) the q/k norms span all heads and are split with them.
+  if (m.qk_layernorm && m.qk_layernorm_across_heads) {
+    layer.split += proj + static_cast<double>(m.query_groups() * m.head_dim());
+  }
   if (!moe) {
     layer.split += mlp_weights(m, f, h) + (m.add_bias_linear ? fc1 : 0);
     layer.replicated += m.add_bias_linear ? h : 0;
