@@ -248,32 +248,42 @@ TEST(CheckpointResume, DistributedOptimizerInBf16KeepsTheFp32MainParams) {
   fs::remove_all(saved);
 }
 
-// MoE layouts on 2 ranks (the MoE block of gpt_worker_support.h: 4 experts, 3 MoE layers of 4, shared experts): each
-// resumes bit for bit, from Megatron's legacy files mp_rank_<tp>[_<pp>][_<ep>] (the expert-parallel rank last, only
-// at ep > 1), which every expert-parallel rank writes with its own experts. A save that lost one rank's experts fails
-// the resume (its experts missing) and the worker's read-back after the save.
+// MoE layouts on 2 ranks and two on 4 (the MoE block of gpt_worker_support.h: 4 experts, 3 MoE layers of 4, shared
+// experts): each resumes bit for bit, from Megatron's legacy files mp_rank_<tp>[_<pp>][_<ep>] (the expert-parallel rank
+// last, only at ep > 1), which every expert-parallel rank writes with its own experts. A save that lost one rank's
+// experts fails the resume (its experts missing) and the worker's read-back after the save.
 TEST(MoECheckpointResume, BitExactInEveryExpertLayout) {
   struct Layout {
     const char* name;
-    int tp;
+    int world, tp, pp;
     const char* block;
     std::vector<std::string> files;
   };
   const std::vector<Layout> layouts = {
       // ep2 over the 2 data-parallel ranks: dense data-parallel rank 0 and expert data-parallel rank 0 of ep rank 1.
-      {"ep2", 1, "moe+ep2", {"mp_rank_00_000", "mp_rank_00_001"}},
+      {"ep2", 2, 1, 1, "moe+ep2", {"mp_rank_00_000", "mp_rank_00_001"}},
       // The distributed optimizer shards the dense state over dp 2 and keeps each rank's experts' state whole.
-      {"ep2_distopt", 1, "moe+ep2+distopt", {"mp_rank_00_000", "mp_rank_00_001"}},
+      {"ep2_distopt", 2, 1, 1, "moe+ep2+distopt", {"mp_rank_00_000", "mp_rank_00_001"}},
       // tp2 x ep2 on the same two ranks, sequence parallel, experts whole (etp1): tp rank r holds ep rank r's experts.
-      {"tp2_ep2_etp1_sp", 2, "moe+ep2+etp1+sp", {"mp_rank_00_000", "mp_rank_01_001"}},
+      {"tp2_ep2_etp1_sp", 2, 2, 1, "moe+ep2+etp1+sp", {"mp_rank_00_000", "mp_rank_01_001"}},
       // bf16 with the auxiliary-loss-free expert_bias (fp32 buffers) and the alltoall dispatcher.
-      {"ep2_bf16_expert_bias", 1, "moe+ep2+alltoall+expert_bias+bf16", {"mp_rank_00_000", "mp_rank_00_001"}},
+      {"ep2_bf16_expert_bias", 2, 1, 1, "moe+ep2+alltoall+expert_bias+bf16", {"mp_rank_00_000", "mp_rank_00_001"}},
       // Experts split over 2 expert tensor-parallel ranks at tp 1: their files are told apart by the etp rank.
-      {"etp2", 1, "moe+etp2", {"mp_rank_00_etp00", "mp_rank_00_etp01"}},
+      {"etp2", 2, 1, 1, "moe+etp2", {"mp_rank_00_etp00", "mp_rank_00_etp01"}},
+      // pp2 x ep2: the pipeline rank, then the expert-parallel rank.
+      {"pp2_ep2",
+       4,
+       1,
+       2,
+       "moe+ep2",
+       {"mp_rank_00_000_000", "mp_rank_00_000_001", "mp_rank_00_001_000", "mp_rank_00_001_001"}},
+      // dp4 x ep2 (expert dp 2) with the distributed optimizer: ranks 2 and 3 write nothing, their state gathered.
+      {"ep2_dp4_distopt", 4, 1, 1, "moe+ep2+distopt", {"mp_rank_00_000", "mp_rank_00_001"}},
   };
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
-    expect_bit_exact_resume(std::string("moe_") + layout.name, 2, layout.tp, 1, 0, layout.block, layout.files);
+    expect_bit_exact_resume(std::string("moe_") + layout.name, layout.world, layout.tp, layout.pp, 0, layout.block,
+                            layout.files);
   }
 }
 
