@@ -4,7 +4,8 @@ ratio of the two isolates what bridge's C++ loop costs or saves. run_gpt_train_b
 Attention is scaled_dot_product_attention where the LibTorch has it (2.x), as bridge's AttnBackend::kAuto, or the
 explicit softmax with --attention unfused; --adamw picks torch.optim.AdamW's implementation (fused by default, the
 kernel bridge's FusedAdamW runs on LibTorch 2.x; 1.x has only the loop); --dtype bf16 keeps the model and optimizer in
-bfloat16; --compile runs the model under torch.compile.
+bfloat16; --compile runs the model under torch.compile; --profile TRACE.json records the timed steps with torch.profiler
+(bench/trace_ops.py sums such a trace by operator, beside one of bridge's Profiler callback).
 Prints one machine-readable line ("python_compile" under --compile):
   python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> ... peak_rss_mb=<peak resident>
 
@@ -110,6 +111,9 @@ def add_common_arguments(parser):
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--compile", action="store_true",
                         help="the model under torch.compile (its first steps, untimed, compile it)")
+    parser.add_argument("--profile", metavar="TRACE.json", default=None,
+                        help="record the timed steps with torch.profiler into a Chrome trace (slows them: for where "
+                             "the time goes, not for tokens/s); bench/trace_ops.py sums it by operator")
 
 
 def time_training(parser, args, model, sdpa, who="python", extra=""):
@@ -136,7 +140,14 @@ def time_training(parser, args, model, sdpa, who="python", extra=""):
     phases = ["zero", "fwd", "bwd", "clip", "opt", "rest"]  # as gpt_train_bench.cpp's phases_ms
     step_ms, phase_ms = [], {phase: [] for phase in phases}
     first_loss = float("nan")
+    profiler = None
     for step in range(args.warmup_steps + args.steps):
+        if args.profile and step == args.warmup_steps:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
+        step_range = torch.profiler.record_function(f"ProfilerStep#{step + 1}") if profiler else None
+        if step_range:
+            step_range.__enter__()
         marks = [time.perf_counter()]
         # In place, as bridge's zero_grad_buffer (torch 2.x's default would free them): backward then accumulates.
         optimizer.zero_grad(set_to_none=False)
@@ -159,6 +170,8 @@ def time_training(parser, args, model, sdpa, who="python", extra=""):
         # bridge reads the reported loss back inside its step (reduce_losses); so does this.
         loss = loss_sum.item() / num_tokens.item()
         marks.append(time.perf_counter())
+        if step_range:
+            step_range.__exit__(None, None, None)
         if step == 0:
             first_loss = loss
         if step >= args.warmup_steps:
@@ -166,6 +179,9 @@ def time_training(parser, args, model, sdpa, who="python", extra=""):
             for phase, (a, z) in zip(phases, zip(marks, marks[1:])):
                 phase_ms[phase].append((z - a) * 1000)
 
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(args.profile)
     ms = statistics.median(step_ms)
     print(f"{who} first_loss={first_loss:.4f} ln_vocab={math.log(args.vocab):.4f}")
     print(f"{who} phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
