@@ -119,7 +119,11 @@ LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directo
   }
   try {
     on_every_rank(what, [&] {
-      const std::map<std::string, torch::Tensor> weights = hf::load_hf_weights(directory, setup.config.model);
+      // Only this rank's tensors: at expert parallelism > 1 another rank's experts are not even built.
+      std::set<std::string> names;
+      for (const CheckpointParam& entry : params) names.insert(entry.source_name());
+      const std::map<std::string, torch::Tensor> weights = hf::load_hf_weights(
+          directory, setup.config.model, [&names](const std::string& name) { return names.count(name) > 0; });
       GenericDict model = new_checkpoint_dict(), metadata = new_checkpoint_dict();
       for (const auto& [name, tensor] : weights) {
         model.insert(name, tensor);
