@@ -1,9 +1,10 @@
 // GPT training throughput through bridge's real pretrain(config, gpt_forward_step, callbacks), one process (tp = pp
 // = dp = 1) on mock data, for comparison with the same model and step in Python PyTorch (gpt_train_bench.py, run
 // side by side by run_gpt_train_bench.sh). Prints one machine-readable line:
-//   cpp tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> attention=<a> dtype=<d> torch=<v>
-//       model_gflops=<per step> peak_rss_mb=<this process's peak resident memory> live_peak_mb=<peak bytes of live
-//       CPU tensors> predicted_mb=<the preflight's estimate> predicted_activations_mb=<its activations>
+//   cpp tokens_per_s=<x> step_ms=<median> best_ms=<fastest step> steps=<n> threads=<t> params=<count> attention=<a>
+//       dtype=<d> torch=<v> model_gflops=<per step> peak_rss_mb=<this process's peak resident memory>
+//       live_peak_mb=<peak bytes of live CPU tensors> predicted_mb=<the preflight's estimate>
+//       predicted_activations_mb=<its activations>
 // Config overrides follow the flags as bridge-pretrain's: gpt_train_bench ... model.recompute_granularity=selective
 // Under torchrun each rank prints its own line, with rank=<r> and the per-rank prediction (the memory figures of
 // tensor and sequence parallelism):
@@ -168,9 +169,11 @@ int main(int argc, char** argv) {
         1e9;
     if (world > 1) std::printf("cpp rank=%s world=%d\n", rank_env != nullptr ? rank_env : "?", world);
     std::printf(
-        "cpp tokens_per_s=%.1f step_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s torch=%s "
-        "model_gflops=%.2f peak_rss_mb=%.0f live_peak_mb=%.0f predicted_mb=%.0f predicted_activations_mb=%.0f\n",
-        tokens / (ms / 1000.0), ms, step_ms.size(), threads, static_cast<long long>(params),
+        "cpp tokens_per_s=%.1f step_ms=%.2f best_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s "
+        "torch=%s model_gflops=%.2f peak_rss_mb=%.0f live_peak_mb=%.0f predicted_mb=%.0f "
+        "predicted_activations_mb=%.0f\n",
+        tokens / (ms / 1000.0), ms, step_ms.empty() ? 0.0 : *std::min_element(step_ms.begin(), step_ms.end()),
+        step_ms.size(), threads, static_cast<long long>(params),
         attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION, gflops,
         static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<double>(live.peak_bytes()) / kMiB,
         estimate.total() / kMiB, estimate.activations / kMiB);

@@ -7,7 +7,8 @@ kernel bridge's FusedAdamW runs on LibTorch 2.x; 1.x has only the loop); --dtype
 bfloat16; --compile runs the model under torch.compile; --profile TRACE.json records the timed steps with torch.profiler
 (bench/trace_ops.py sums such a trace by operator, beside one of bridge's Profiler callback).
 Prints one machine-readable line ("python_compile" under --compile):
-  python tokens_per_s=<x> step_ms=<median> steps=<n> threads=<t> params=<count> ... peak_rss_mb=<peak resident>
+  python tokens_per_s=<x> step_ms=<median> best_ms=<fastest step> steps=<n> threads=<t> params=<count> ...
+      peak_rss_mb=<peak resident>
 
   /usr/bin/python3 bench/gpt_train_bench.py --layers 12 --hidden 768 --heads 12 --seq 64 --vocab 50257 \
       --micro-batch 4 --steps 4
@@ -185,8 +186,8 @@ def time_training(parser, args, model, sdpa, who="python", extra=""):
     ms = statistics.median(step_ms)
     print(f"{who} first_loss={first_loss:.4f} ln_vocab={math.log(args.vocab):.4f}")
     print(f"{who} phases_ms " + " ".join(f"{p}={statistics.median(v):.2f}" for p, v in phase_ms.items()))
-    print(f"{who} tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} steps={len(step_ms)} "
-          f"threads={args.threads} params={num_params} attention={'sdpa' if sdpa else 'unfused'} "
+    print(f"{who} tokens_per_s={b * s / (ms / 1000):.1f} step_ms={ms:.2f} best_ms={min(step_ms):.2f} "
+          f"steps={len(step_ms)} threads={args.threads} params={num_params} attention={'sdpa' if sdpa else 'unfused'} "
           f"adamw={args.adamw} dtype={args.dtype} torch={torch.__version__.split('+')[0]} "
           f"peak_rss_mb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}{extra}", flush=True)
 
