@@ -612,7 +612,8 @@ TEST(HuggingFaceExportErrors, NamedWithTheirExitCodes) {
   const auto bad_type = run_command({BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--model-type", "bert"},
                                     std::chrono::seconds(60));
   EXPECT_EQ(bad_type.exit_code, 2);
-  EXPECT_THAT(bad_type.output, HasSubstr("--model-type must be gpt2, llama, mistral, qwen2 or qwen3, got 'bert'"));
+  EXPECT_THAT(bad_type.output, HasSubstr("--model-type must be gpt2, llama, mistral, qwen2, qwen3, qwen2_moe, "
+                                         "qwen3_moe, mixtral or olmoe, got 'bert'"));
   const auto bad_size = run_command({BRIDGE_EXPORT, "--checkpoint", "c", "--hf-dir", "x", "--max-shard-size", "5XB"},
                                     std::chrono::seconds(60));
   EXPECT_EQ(bad_size.exit_code, 2);
