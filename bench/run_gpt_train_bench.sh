@@ -224,10 +224,11 @@ if train:
     print("tokens/s: median (min-max) over the rounds; C++/Py: ratio of the medians (C++/PyC: against Python under "
           "torch.compile, with --compile); ms: median step; %peak: model FLOP/s over the fp32 GEMM peak; MB: peak "
           "resident memory; busy: other runnable tasks during the runs, median (C++/Py); best: Py over C++ of each "
-          "side's fastest step, median over the rounds (the step least slowed by other work)")
+          "side's fastest step, median over the rounds (the step least slowed by other work); pair: the median of "
+          "the rounds' own C++/Py (each round's two runs back to back)")
     print(f"{'config':<10} {'thr':>3} {'attention':<9} {'dtype':<5} {'C++ tok/s':>20} {'Py tok/s':>20} {'C++/Py':>6} "
           f"{'C++/PyC':>7} {'C++ ms':>7} {'Py ms':>7} {'C++%pk':>6} {'Py%pk':>6} {'C++ MB':>6} {'Py MB':>6} "
-          f"{'busy':>9} {'best':>5} params")
+          f"{'busy':>9} {'best':>5} {'pair':>5} params")
 for (config, threads, attention, dtype), sides in train.items():
     cpp, py = sides.get("cpp", []), sides.get("python", [])
     if not cpp or not py:
@@ -249,12 +250,13 @@ for (config, threads, attention, dtype), sides in train.items():
             else "-")
     best = (f"{median_of(py, 'best_ms') / median_of(cpp, 'best_ms'):5.3f}" if all("best_ms" in r for r in cpp + py)
             else f"{'-':>5}")
+    pair = f"{statistics.median(c / p for c, p in zip(cpp_tps, py_tps)):5.3f}" if len(cpp) == len(py) else f"{'-':>5}"
     gemm = statistics.median(p[0] for p in peak[threads]) if threads in peak else float("nan")
     flops = median_of(cpp, "model_gflops")  # the same model on both sides
     print(f"{config:<10} {threads:>3} {cpp[0]['attention']:<9} {dtype:<5} {spread(cpp_tps):>20} {spread(py_tps):>20} "
           f"{statistics.median(cpp_tps) / statistics.median(py_tps):6.3f} {versus_compile} {cpp_ms:7.0f} {py_ms:7.0f} "
           f"{100 * flops / (cpp_ms / 1000) / gemm:6.1f} {100 * flops / (py_ms / 1000) / gemm:6.1f} "
-          f"{median_of(cpp, 'peak_rss_mb'):6.0f} {median_of(py, 'peak_rss_mb'):6.0f} {busy:>9} {best} {same}")
+          f"{median_of(cpp, 'peak_rss_mb'):6.0f} {median_of(py, 'peak_rss_mb'):6.0f} {busy:>9} {best} {pair} {same}")
     if "experts" in py[0]:
         print(f"{'':<10} {'':>3} ^ Py: transformers' experts_implementation {py[0]['experts']}")
     # Further Python sides (the MoE row's eager experts loop) under it: their tokens/s, C++ over them, ms, %pk, MB.
@@ -265,11 +267,14 @@ for (config, threads, attention, dtype), sides in train.items():
         ms = median_of(rows, "step_ms")
         side_best = (f"{median_of(rows, 'best_ms') / median_of(cpp, 'best_ms'):5.3f}"
                      if all("best_ms" in r for r in rows + cpp) else f"{'-':>5}")
+        side_busy = f"{median_of(rows, 'busy'):.1f}" if all("busy" in r for r in rows) else "-"
+        side_pair = (f"{statistics.median(c / o for c, o in zip(cpp_tps, tps)):5.3f}" if len(rows) == len(cpp)
+                     else f"{'-':>5}")
         print(f"{'':<10} {'':>3} {who:<15} {'':>20} {spread(tps):>20} "
               f"{statistics.median(cpp_tps) / statistics.median(tps):6.3f} {'':>7} {'':>7} {ms:7.0f} {'':>6} "
               f"{100 * flops / (ms / 1000) / gemm:6.1f} {'':>6} {median_of(rows, 'peak_rss_mb'):6.0f} "
-              f"{median_of(rows, 'busy') if all('busy' in r for r in rows) else '-':>9} "
-              f"{side_best} "
+              f"{side_busy:>9} "
+              f"{side_best} {side_pair} "
               f"experts_implementation {rows[0].get('experts', '?')}")
 scaling = []
 for (config, threads, attention, dtype, side), tps in sorted(speed.items()):
