@@ -5,6 +5,7 @@
 
 #include "bridge/models/transformer_layer.h"
 #include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel/grad_accumulation_fusion.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 
 namespace bridge::models::moe {
@@ -23,13 +24,20 @@ torch::Tensor shard_of(const torch::Tensor& master, int64_t dim, int64_t stride,
 
 }  // namespace
 
-ExpertLinearImpl::ExpertLinearImpl(torch::Tensor weight_shard) {
+ExpertLinearImpl::ExpertLinearImpl(torch::Tensor weight_shard, bool gradient_accumulation_fusion)
+    : gradient_accumulation_fusion_(gradient_accumulation_fusion) {
   weight = register_parameter("weight", std::move(weight_shard));
 }
 
-ExpertMLPImpl::ExpertMLPImpl(torch::Tensor fc1_shard, torch::Tensor fc2_shard) {
-  linear_fc1 = register_module("linear_fc1", ExpertLinear(std::move(fc1_shard)));
-  linear_fc2 = register_module("linear_fc2", ExpertLinear(std::move(fc2_shard)));
+torch::Tensor ExpertLinearImpl::forward(const torch::Tensor& input) {
+  // As the dense layers: the weight-gradient GEMM adds into the grad buffer (about a tenth of the experts' backward
+  // on CPU, bench/moe_layer_bench's experts_fused).
+  return tp::linear_with_grad_accumulation(input, weight, /*bias=*/{}, gradient_accumulation_fusion_);
+}
+
+ExpertMLPImpl::ExpertMLPImpl(torch::Tensor fc1_shard, torch::Tensor fc2_shard, bool gradient_accumulation_fusion) {
+  linear_fc1 = register_module("linear_fc1", ExpertLinear(std::move(fc1_shard), gradient_accumulation_fusion));
+  linear_fc2 = register_module("linear_fc2", ExpertLinear(std::move(fc2_shard), gradient_accumulation_fusion));
 }
 
 SequentialMLPImpl::SequentialMLPImpl(const GPTConfig& config, int64_t layer_number)
@@ -53,7 +61,8 @@ SequentialMLPImpl::SequentialMLPImpl(const GPTConfig& config, int64_t layer_numb
     init_method_for(config, prefix + "linear_fc1.weight", config.init_method_std)(fc1);
     torch::Tensor fc2 = torch::empty({h, ffn});
     init_method_for(config, prefix + "linear_fc2.weight", output_std)(fc2);
-    ExpertMLP expert(shard_of(fc1, 0, gated_ ? 2 : 1, etp_rank, etp), shard_of(fc2, 1, 1, etp_rank, etp));
+    ExpertMLP expert(shard_of(fc1, 0, gated_ ? 2 : 1, etp_rank, etp), shard_of(fc2, 1, 1, etp_rank, etp),
+                     config.gradient_accumulation_fusion);
     const auto mark = [&](const torch::Tensor& weight, int64_t dim, int64_t stride) {
       tp::ParamAttributes attributes;
       attributes.tensor_model_parallel = etp > 1;
@@ -70,16 +79,18 @@ SequentialMLPImpl::SequentialMLPImpl(const GPTConfig& config, int64_t layer_numb
 
 torch::Tensor SequentialMLPImpl::forward(const torch::Tensor& tokens, const torch::Tensor& tokens_per_expert) {
   const auto* counts = tokens_per_expert.data_ptr<int64_t>();
+  // One split for all experts: its backward is one cat, where a narrow per expert would each build a zero-filled
+  // gradient of all the tokens.
+  const std::vector<torch::Tensor> slices =
+      tokens.split_with_sizes(c10::IntArrayRef(counts, static_cast<std::size_t>(num_local_experts_)), 0);
   std::vector<torch::Tensor> outputs;
   outputs.reserve(static_cast<std::size_t>(num_local_experts_));
-  int64_t offset = 0;
   for (int64_t k = 0; k < num_local_experts_; ++k) {
     // An expert with no tokens still runs on its empty slice: every weight gets a (zero) gradient each step, so the
     // gradient buffers' hooks fire the same way on every rank.
-    const torch::Tensor slice = tokens.narrow(0, offset, counts[k]);
-    offset += counts[k];
     const auto& expert = local_experts[static_cast<std::size_t>(k)]->as<ExpertMLPImpl>();
-    outputs.push_back(expert->linear_fc2(mlp_activation(expert->linear_fc1(slice), activation_func_, gated_)));
+    outputs.push_back(expert->linear_fc2(
+        mlp_activation(expert->linear_fc1(slices[static_cast<std::size_t>(k)]), activation_func_, gated_)));
   }
   return torch::cat(outputs, 0);
 }

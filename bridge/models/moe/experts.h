@@ -19,15 +19,18 @@ namespace bridge::models::moe {
 /// (local_experts.<k>.linear_fc1.weight).
 class ExpertLinearImpl : public torch::nn::Module {
  public:
-  explicit ExpertLinearImpl(torch::Tensor weight_shard);
-  torch::Tensor forward(const torch::Tensor& input) { return torch::matmul(input, weight.t()); }
+  ExpertLinearImpl(torch::Tensor weight_shard, bool gradient_accumulation_fusion);
+  torch::Tensor forward(const torch::Tensor& input);
   torch::Tensor weight;
+
+ private:
+  bool gradient_accumulation_fusion_;
 };
 TORCH_MODULE(ExpertLinear);
 
 class ExpertMLPImpl : public torch::nn::Module {
  public:
-  ExpertMLPImpl(torch::Tensor fc1_shard, torch::Tensor fc2_shard);
+  ExpertMLPImpl(torch::Tensor fc1_shard, torch::Tensor fc2_shard, bool gradient_accumulation_fusion);
   ExpertLinear linear_fc1{nullptr};
   ExpertLinear linear_fc2{nullptr};
 };
