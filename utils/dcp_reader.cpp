@@ -178,16 +178,22 @@ torch::Tensor tensor_in_blob(std::string& blob) {
     const std::vector<int64_t> strides = int_sequence(call.args[3], "the tensor's stride");
     if (sizes.size() != strides.size()) throw std::runtime_error("size and stride have different ranks");
     // The element after the last one the view reaches must lie inside the record.
+    // Each step checked: a damaged pickle may name sizes whose products overflow.
     int64_t end = storage_offset;
     bool fits = end >= 0;
     bool empty = false;
     for (std::size_t d = 0; d < sizes.size(); ++d) {
       fits = fits && sizes[d] >= 0 && strides[d] >= 0;
       empty = empty || sizes[d] == 0;
-      if (fits && sizes[d] > 0) end += (sizes[d] - 1) * strides[d];
+      int64_t step = 0;
+      if (fits && sizes[d] > 0) {
+        fits = !__builtin_mul_overflow(sizes[d] - 1, strides[d], &step) && !__builtin_add_overflow(end, step, &end);
+      }
     }
     const auto item = static_cast<int64_t>(c10::elementSize(*dtype));
-    if (!fits || (!empty && static_cast<uint64_t>((end + 1) * item) > data->size)) {
+    int64_t bytes = 0;
+    fits = fits && !__builtin_add_overflow(end, int64_t{1}, &end) && !__builtin_mul_overflow(end, item, &bytes);
+    if (!fits || (!empty && static_cast<uint64_t>(bytes) > data->size)) {
       throw std::runtime_error("the tensor (sizes " + join(sizes) + ", strides " + join(strides) + ", offset " +
                                std::to_string(storage_offset) + ") reaches past its " + std::to_string(data->size) +
                                "-byte storage record");
