@@ -211,6 +211,27 @@ Work ProcessGroup::reduce_scatter_async(torch::Tensor& output, const torch::Tens
   return Work(this, "reduce_scatter_async", std::move(pending));
 }
 
+Work ProcessGroup::reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor> inputs, ReduceOp op) {
+  const std::string what = "reduce_scatter_async on group '" + name_ + "'";
+  if (static_cast<int>(inputs.size()) != size() || !output.is_contiguous()) {
+    throw std::invalid_argument(what + ": give one input per member (" + std::to_string(size()) + ", got " +
+                                std::to_string(inputs.size()) + ") and a contiguous output");
+  }
+  for (const torch::Tensor& input : inputs) {
+    if (!input.is_contiguous() || input.sizes() != output.sizes() || input.dtype() != output.dtype()) {
+      throw std::invalid_argument(what + ": every input must be contiguous with the output's shape " +
+                                  c10::str(output.sizes()) + " and dtype");
+    }
+  }
+  if (!impl_) {
+    if (!output.is_same(inputs[0])) output.copy_(inputs[0]);
+    return Work();
+  }
+  std::unique_ptr<detail::PendingWork> pending;
+  run("reduce_scatter_async", [&] { pending = impl_->reduce_scatter_async(output, inputs, op); });
+  return Work(this, "reduce_scatter_async", std::move(pending));
+}
+
 Work ProcessGroup::all_gather_async(std::vector<torch::Tensor> outputs, const torch::Tensor& input) {
   const std::string what = "all_gather_async on group '" + name_ + "'";
   if (static_cast<int>(outputs.size()) != size() || !input.is_contiguous()) {

@@ -163,6 +163,10 @@ class ProcessGroup {
   /// returns at once; neither may be touched until wait() returns. `output` may be this rank's chunk of `input` (in
   /// place, as the distributed optimizer's gradient buckets use it).
   Work reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  /// The same with the chunks given apart: `inputs` holds one contiguous tensor of the output's shape per member, in
+  /// group-rank order, anywhere in memory (windows of a gradient bucket). `output` may be inputs[rank()]: the
+  /// backends reduce from a copy of the inputs (so their staging is the inputs' size).
+  Work reduce_scatter_async(torch::Tensor& output, std::vector<torch::Tensor> inputs, ReduceOp op = ReduceOp::kSum);
   /// Starts gathering every member's contiguous `input` into `outputs` (one tensor of the input's shape per member,
   /// in group-rank order) and returns at once; none may be touched until wait() returns. The backends gather into
   /// staging of their own and copy each member's part out when done, so `input` may be one of `outputs` (or share

@@ -64,6 +64,20 @@ struct GatherWindow {
 constexpr int64_t kGatherWindow = int64_t{1} << 22;  // elements per rank
 constexpr std::size_t kGatherWindowsInFlight = 2;
 
+// One window of a bucket's gradient reduce-scatter (distributed optimizer): each rank's next kScatterWindow elements
+// of its chunk. c10d reduces from a copy of its inputs (Gloo clones them when the collective is issued), so a whole
+// bucket at once staged a bucket's size (153 MiB for 40 M elements), during the backward, on top of the activations;
+// windows keep it to kScatterWindowsInFlight x ranks x kScatterWindow elements (16 MiB in fp32 at dp 2). Smaller
+// than the gather's windows: the reduce-scatters overlap the backward's activation peak, the gathers do not.
+struct ScatterWindow {
+  std::vector<torch::Tensor> inputs;  // every rank's elements of this window, views of the bucket
+  torch::Tensor output;               // this rank's: inputs[rank], reduced in place
+  ProcessGroup* group = nullptr;
+  Work work;
+};
+constexpr int64_t kScatterWindow = int64_t{1} << 20;  // elements per rank
+constexpr std::size_t kScatterWindowsInFlight = 2;
+
 // Megatron's param.main_grad: C++ tensors have no attribute slots, so a registry keyed by the TensorImpl (as
 // param_attributes) maps each wrapped parameter to its view into the grad buffer.
 std::mutex& main_grad_mutex() {
@@ -115,6 +129,9 @@ struct DistributedDataParallel::Impl {
   void start_ready_buckets();
   void start_bucket(Bucket& bucket, bool in_backward);
   void wait_started();
+  // Under mutex: starts queued reduce-scatter windows while fewer than kScatterWindowsInFlight are in flight, after
+  // retiring the completed ones; with `drain`, until every window is done.
+  void pump_scatter_windows(bool drain);
   void reset_sync_state();
   void finish_bucket_gather(std::size_t index);
   void finish_gathers();
@@ -145,9 +162,11 @@ struct DistributedDataParallel::Impl {
   int64_t started_in_backward = 0;
   int64_t last_started_in_backward = 0;
   std::mutex mutex;
-  std::mutex gather_mutex;                   // the parameter all-gathers' state (the forward's thread, or a reader's)
-  std::deque<GatherWindow> gathers_queued;   // in forward order, not started
-  std::deque<GatherWindow> gathers_started;  // in flight, oldest first
+  std::mutex gather_mutex;                     // the parameter all-gathers' state (the forward's thread, or a reader's)
+  std::deque<GatherWindow> gathers_queued;     // in forward order, not started
+  std::deque<GatherWindow> gathers_started;    // in flight, oldest first
+  std::deque<ScatterWindow> scatters_queued;   // under mutex: in bucket start order, not started
+  std::deque<ScatterWindow> scatters_started;  // under mutex: in flight, oldest first
 };
 
 namespace {
@@ -225,6 +244,12 @@ DistributedDataParallel::Impl::~Impl() {
     if (bucket.gather_windows_left > 0) --gathers_in_flight();
   }
   for (GatherWindow& window : gathers_started) {
+    try {
+      window.work.wait();
+    } catch (...) {
+    }
+  }
+  for (ScatterWindow& window : scatters_started) {
     try {
       window.work.wait();
     } catch (...) {
@@ -353,6 +378,8 @@ void DistributedDataParallel::Impl::on_grad_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex);
   ParamSlot& slot = slots[index];
   absorb_grad(slot);
+  // The backward's hooks move the reduce-scatter windows along: each ready parameter starts the next ones.
+  if (!scatters_started.empty()) pump_scatter_windows(/*drain=*/false);
   // Without overlap nothing starts before finish_grad_sync, so extra backward passes only accumulate (as Megatron).
   if (!grad_sync || !config.overlap_grad_reduce) return;
   if (slot.reported) {
@@ -423,11 +450,20 @@ void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backwar
   if (reducer.size() > 1) {
     torch::NoGradGuard no_grad;
     if (bucket.reduce_scatter) {
-      // In place, as Megatron's: the output is this rank's chunk of the bucket (c10d reduces from a copy of the
-      // chunks), so no staging tensor is held for the buckets in flight.
-      const int64_t chunk = bucket.data.numel() / reducer.size();
-      torch::Tensor own = bucket.data.narrow(0, reducer.rank() * chunk, chunk);
-      bucket.work = reducer.reduce_scatter_async(own, bucket.data, ReduceOp::kSum);
+      // In place, as Megatron's: each window's output is this rank's elements of the bucket, in windows so that
+      // c10d's copy of the inputs stays a few windows' size (ScatterWindow).
+      const int64_t ranks = reducer.size();
+      const int64_t chunk = bucket.data.numel() / ranks;
+      for (int64_t at = 0; at < chunk; at += kScatterWindow) {
+        const int64_t width = std::min(kScatterWindow, chunk - at);
+        ScatterWindow window;
+        for (int64_t rank = 0; rank < ranks; ++rank)
+          window.inputs.push_back(bucket.data.narrow(0, rank * chunk + at, width));
+        window.output = window.inputs[static_cast<std::size_t>(reducer.rank())];
+        window.group = &reducer;
+        scatters_queued.push_back(std::move(window));
+      }
+      pump_scatter_windows(/*drain=*/false);
     } else {
       bucket.work = reducer.all_reduce_async(bucket.data, ReduceOp::kSum);
     }
@@ -438,12 +474,31 @@ void DistributedDataParallel::Impl::start_bucket(Bucket& bucket, bool in_backwar
 }
 
 void DistributedDataParallel::Impl::wait_started() {
+  pump_scatter_windows(/*drain=*/true);
   for (Bucket& bucket : buckets) {
     if (bucket.started) bucket.work.wait();
   }
 }
 
+void DistributedDataParallel::Impl::pump_scatter_windows(bool drain) {
+  for (;;) {
+    while (!scatters_started.empty() && (drain || scatters_started.front().work.is_completed())) {
+      ScatterWindow window = std::move(scatters_started.front());
+      scatters_started.pop_front();
+      window.work.wait();  // returns at once unless draining; surfaces the collective's error
+    }
+    while (scatters_started.size() < kScatterWindowsInFlight && !scatters_queued.empty()) {
+      ScatterWindow& window = scatters_queued.front();
+      window.work = window.group->reduce_scatter_async(window.output, window.inputs, ReduceOp::kSum);
+      scatters_started.push_back(std::move(window));
+      scatters_queued.pop_front();
+    }
+    if (!drain || scatters_started.empty()) return;
+  }
+}
+
 void DistributedDataParallel::Impl::reset_sync_state() {
+  scatters_queued.clear();  // left only by a failed sync: the next one starts afresh
   for (ParamSlot& slot : slots) slot.reported = false;
   for (Bucket& bucket : buckets) {
     bucket.pending = bucket.hooked_params;
