@@ -293,6 +293,26 @@ void check_loaded_tensors(const c10::IValue& value, const std::string& where) {
 
 }  // namespace
 
+std::string torch_pickle_bytes(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(floats_as_tensors(value));
+  pickler.stop();
+  std::string out;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      out.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  return out;
+}
+
 void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& value) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
@@ -327,12 +347,15 @@ void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& val
 }
 
 c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check) {
-  std::string bytes = read_file(path);
+  return load_torch_pickle_bytes(read_file(path), path.string(), check);
+}
+
+c10::IValue load_torch_pickle_bytes(std::string bytes, const std::string& what, ZipCheck* check) {
   try {
     const ZipCheck done = verify_zip_archive(bytes);
     if (check != nullptr) *check = done;
   } catch (const DamagedFileError& error) {
-    throw DamagedFileError(path.string() + " is damaged: " + error.what() +
+    throw DamagedFileError(what + " is damaged: " + error.what() +
                            ". Its bytes are not the ones that were written (a disk or copy error); restore it from "
                            "a copy, or use another file");
   }
@@ -358,7 +381,7 @@ c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check
     check_loaded_tensors(value, "");
     return tensors_as_floats(value);
   } catch (const std::exception& error) {
-    throw std::runtime_error("cannot read " + path.string() + " as a PyTorch file (" + describe(error) +
+    throw std::runtime_error("cannot read " + what + " as a PyTorch file (" + describe(error) +
                              "); it is damaged or was not written by torch.save / bridge");
   }
 }

@@ -14,6 +14,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <filesystem>
+#include <string>
 
 #include "utils/zip_archive.h"
 
@@ -27,5 +28,12 @@ void save_torch_pickle(const std::filesystem::path& path, const c10::IValue& val
 /// wrote, after verifying its checksums (zip_archive.h): DamagedFileError naming the path when they do not match,
 /// std::runtime_error naming it when it cannot be read otherwise. `check`, when given, says which checksums it had.
 c10::IValue load_torch_pickle(const std::filesystem::path& path, ZipCheck* check = nullptr);
+
+/// torch.save's bytes of `value` (as save_torch_pickle, without bridge's whole-file checksum): a payload stored inside
+/// another file, such as a distributed checkpoint's object items.
+std::string torch_pickle_bytes(const c10::IValue& value);
+
+/// load_torch_pickle of bytes held in memory; `what` names them in errors.
+c10::IValue load_torch_pickle_bytes(std::string bytes, const std::string& what, ZipCheck* check = nullptr);
 
 }  // namespace bridge::utils

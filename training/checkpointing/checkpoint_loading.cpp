@@ -16,6 +16,7 @@
 #include "parallel/parallel_state.h"
 #include "training/callbacks/callback_state.h"
 #include "training/checkpointing/checkpoint_state.h"
+#include "training/checkpointing/checkpoint_strategy.h"
 #include "training/checkpointing/checkpointing.h"
 #include "training/checkpointing/checkpointing_internal.h"
 #include "utils/durable_file.h"
@@ -32,11 +33,8 @@ using GenericList = c10::impl::GenericList;
 using bridge::utils::DamagedFileError;
 using detail::checkpoint_iterations;
 using detail::in_context;
-using detail::kCommon;
 using detail::kTracker;
 using detail::on_every_rank;
-using detail::read_pickle;
-using detail::relative_rank_file;
 
 // checkpoint.pretrained_checkpoint=hf:<dir> names a Hugging Face model directory.
 constexpr char kHuggingFace[] = "hf:";
@@ -149,79 +147,6 @@ LoadedCheckpoint load_hugging_face(PretrainSetup& setup, const fs::path& directo
   return LoadedCheckpoint{directory.string(), 0};
 }
 
-// The parallel layout's size `key` in a checkpoint's parallel_layout, or `otherwise` for a checkpoint saved before it
-// was recorded (the expert sizes: such a checkpoint had no expert parallelism).
-int64_t layout_size(const GenericDict& layout, const std::string& key, int64_t otherwise) {
-  auto it = layout.find(c10::IValue(key));
-  return it == layout.end() ? otherwise : it->value().toInt();
-}
-
-// Reads and checks, on this rank, what it needs of the checkpoint in `directory`: common.pt, the files holding its
-// parameters' slices, its own (tp, pp, ep) file when the layout is unchanged. Modifies nothing of the run. Missing and
-// damaged files throw DamagedFileError; a checkpoint that does not fit the model, std::runtime_error.
-void read_checkpoint_files(const fs::path& directory, const std::vector<std::string>& gathered_names,
-                           const std::vector<CheckpointParam>& params, const LoadOptions& options, int tp, int pp,
-                           GenericDict& common, std::map<std::string, LoadedFile>& files,
-                           std::map<std::string, std::vector<std::string>>& files_of, bool& same_layout,
-                           std::string& own_file) {
-  const fs::path common_path = directory / kCommon;
-  if (!fs::exists(common_path)) {
-    throw DamagedFileError(common_path.string() +
-                           " is missing: the save of this iteration did not complete (or it is not a bridge "
-                           "checkpoint). Choose a complete one with checkpoint.ckpt_step");
-  }
-  common = read_pickle(common_path);
-  const GenericDict index = checkpoint_dict(common, "tensors", common_path.string());
-  std::set<std::string> listed;
-  for (const c10::IValue& file : checkpoint_field(common, "files", common_path.string()).toListRef()) {
-    listed.insert(file.toStringRef());
-    if (!fs::exists(directory / file.toStringRef())) {
-      throw DamagedFileError("the checkpoint's file " + (directory / file.toStringRef()).string() +
-                             " is missing; copy the whole iteration directory, or choose another with "
-                             "checkpoint.ckpt_step");
-    }
-  }
-  std::set<std::string> model_names;
-  for (const std::string& text : gathered_names) {
-    std::istringstream in(text);
-    for (std::string line; std::getline(in, line);) model_names.insert(line);
-  }
-  for (const std::string& name : model_names) {
-    if (!index.contains(c10::IValue(name))) {
-      throw ModelMismatchError("the checkpoint has no tensor " + name +
-                               ", which this run's model has: the checkpoint is of another model");
-    }
-  }
-  for (const auto& item : index) {
-    const std::string& name = item.key().toStringRef();
-    if (model_names.count(name) == 0) {
-      throw ModelMismatchError("the checkpoint holds " + name +
-                               ", which this run's model does not have: the checkpoint is of another model");
-    }
-    GenericList holders = item.value().toGenericDict().at(c10::IValue(std::string("files"))).toList();
-    for (const c10::IValue& holder : holders) files_of[name].push_back((directory / holder.toStringRef()).string());
-  }
-  const GenericDict layout = checkpoint_dict(common, "parallel_layout", common_path.string());
-  const int64_t saved_tp = checkpoint_field(layout, "tensor_model_parallel_size", "parallel_layout").toInt();
-  same_layout =
-      saved_tp == tp && checkpoint_field(layout, "pipeline_model_parallel_size", "parallel_layout").toInt() == pp &&
-      layout_size(layout, "expert_model_parallel_size", 1) == parallel::get_expert_model_parallel_world_size() &&
-      layout_size(layout, "expert_tensor_parallel_size", saved_tp) == parallel::get_expert_tensor_parallel_world_size();
-  // The file of this rank's (tp, pp, ep) rank, where one was written (some layouts leave a rank without a writer of
-  // its own ranks: it then keeps its RNG streams).
-  if (same_layout && listed.count(relative_rank_file()) > 0) own_file = (directory / relative_rank_file()).string();
-  std::set<std::string> needed;
-  for (const CheckpointParam& entry : params) {
-    for (const std::string& path : files_of.at(entry.source_name())) needed.insert(path);
-  }
-  if (!own_file.empty()) needed.insert(own_file);
-  for (const std::string& path : needed) {
-    LoadedFile& file = files.emplace(path, LoadedFile{path, read_pickle(path)}).first->second;
-    upgrade_qkv_layout(file.dict, path);
-  }
-  check_loadable(params, files, files_of, options);
-}
-
 // checkpoint.auto_resume's answer to a damaged latest checkpoint in checkpoint.save: the newest complete older one.
 // Rank 0 first sets the damaged iteration aside (renamed <iter>.damaged, kept for inspection) and points the tracker
 // at the older one, loudly: the tracker never moves back silently, and the next save's clean-up cannot take the
@@ -296,13 +221,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   options.optimizer_type = setup.config.optimizer.optimizer;
 
   const std::vector<CheckpointParam> params = checkpoint_params(setup);
-  GenericDict common = new_checkpoint_dict();
-  std::map<std::string, LoadedFile> files;
-  std::map<std::string, std::vector<std::string>> files_of;
-  const int tp = parallel::get_tensor_model_parallel_world_size();
-  const int pp = parallel::get_pipeline_model_parallel_world_size();
-  bool same_layout = false;
-  std::string own_file;  // this rank's (tp, pp, ep) file when the layout is unchanged
+  CheckpointRead read;
 
   // Every model name of the job, to compare with the checkpoint's index on every rank alike (shapes are checked
   // slice by slice on the ranks that load them): the ranks that would write a tensor name it, so every expert of every
@@ -322,25 +241,21 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
                                    source->weights_only ? "loading the weights of" : "resuming from",
                                    directory.string(), source->origin);
     }
-    common = new_checkpoint_dict();
-    files.clear();
-    files_of.clear();
-    own_file.clear();
+    read = CheckpointRead();
     const std::string what = "loading checkpoint " + directory.string();
     std::string own_damage;
     try {
       on_every_rank(what, [&] {
         try {
-          read_checkpoint_files(directory, gathered, params, options, tp, pp, common, files, files_of, same_layout,
-                                own_file);
+          strategy_of(directory).read(setup, directory, gathered, params, options, read);
         } catch (const DamagedFileError& error) {
           own_damage = in_context(what, bridge::utils::describe(error));
           throw;
         } catch (const ModelMismatchError& error) {  // which sizes differ, from the config the checkpoint saved
           // Looked up softly: a checkpoint without a readable config is still one of another model, not a damaged
           // one, and keeps the mismatch's own message.
-          const auto saved_config = common.find(c10::IValue(std::string("config")));
-          const std::string differences = saved_config != common.end() && saved_config->value().isString()
+          const auto saved_config = read.common.find(c10::IValue(std::string("config")));
+          const std::string differences = saved_config != read.common.end() && saved_config->value().isString()
                                               ? model_differences(saved_config->value().toStringRef(), setup.config)
                                               : std::string();
           throw ModelMismatchError(
@@ -358,7 +273,10 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   }
 
   // Nothing was modified so far; every rank's check passed.
-  load_parameters(setup, params, files, files_of, options);
+  const GenericDict& common = read.common;
+  const std::map<std::string, LoadedFile>& files = read.files;
+  const std::string& own_file = read.own_file;
+  load_parameters(setup, params, files, read.files_of, options);
   LoadedCheckpoint loaded{directory.string(), source->iteration};
   if (options.progress) {
     load_progress(setup, common);
@@ -378,7 +296,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   if (options.rng && !own_file.empty()) {
     load_rng_state(files.at(own_file).dict, own_file);
     loaded.rng_loaded = true;
-  } else if (options.rng && !same_layout && parallel::get_rank() == 0) {
+  } else if (options.rng && !read.same_layout && parallel::get_rank() == 0) {
     bridge::utils::logger().warn(
         "the checkpoint was saved with another tensor-, pipeline- or expert-parallel size: its RNG streams do not map "
         "to this layout, so they start from rng.seed");
@@ -386,7 +304,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   if (options.progress && setup.callbacks) {
     // Callback state of this rank's own (tp, pp, ep) file when the layout is unchanged, else rank 0's.
     const GenericDict& holder = !own_file.empty() ? files.at(own_file).dict : common;
-    const std::string path = !own_file.empty() ? own_file : (directory / kCommon).string();
+    const std::string path = !own_file.empty() ? own_file : directory.string();
     auto callbacks = holder.find(c10::IValue(std::string("callbacks")));
     if (callbacks != holder.end()) load_callback_states(*setup.callbacks, callbacks->value(), path);
     auto user_state = holder.find(c10::IValue(std::string("user_state")));

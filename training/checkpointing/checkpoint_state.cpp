@@ -14,6 +14,7 @@
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
 #include "parallel/tensor_parallel/random.h"
+#include "training/checkpointing/sharded_state_dict.h"
 #include "training/config/config_yaml.h"
 #include "training/optimizer/optimizer.h"
 
@@ -59,7 +60,6 @@ GenericDict tensor_map(const std::map<std::string, torch::Tensor>& tensors) {
 }
 
 // The vocabulary-padded tensors: their first dimension may differ between layouts (padding to a multiple of tp).
-bool is_vocab_padded(const std::string& name) { return name == kWordEmbeddings || name == "output_layer.weight"; }
 
 std::string shape_string(c10::IntArrayRef shape) { return c10::str(shape); }
 
@@ -142,8 +142,7 @@ std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup) {
   return params;
 }
 
-c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
-                                       int64_t iteration, const DistributedOptimizer::WholeState* whole) {
+c10::impl::GenericDict shared_state_dict(PretrainSetup& setup, int64_t iteration) {
   GenericDict top = new_checkpoint_dict();
   top.insert("checkpoint_version", kCheckpointVersion);
   top.insert(kQkvLayoutKey, std::string(kQkvLayoutGrouped));
@@ -184,6 +183,23 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   scheduler.insert("lr_decay_steps", options.lr_decay_steps);
   scheduler.insert("lr_decay_style", setup.config.scheduler.lr_decay_style);
   top.insert("opt_param_scheduler", scheduler);
+  return top;
+}
+
+c10::impl::GenericList rng_state_list() {
+  const parallel::tensor_parallel::RngStates rng = parallel::tensor_parallel::get_all_rng_states();
+  GenericDict rng_state = new_checkpoint_dict();
+  rng_state.insert("torch_rng_state", snapshot(rng.cpu));
+  if (rng.cuda.defined()) rng_state.insert("cuda_rng_state", snapshot(rng.cuda));
+  rng_state.insert("rng_tracker_states", tensor_map(rng.tracker));
+  GenericList rng_list = new_list();
+  rng_list.push_back(rng_state);
+  return rng_list;
+}
+
+c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
+                                       int64_t iteration, const DistributedOptimizer::WholeState* whole) {
+  GenericDict top = shared_state_dict(setup, iteration);
 
   // Model, fp32 main params and optimizer state under the global names; the tied copy is the embedding's.
   std::map<std::string, torch::Tensor> model, main_params;
@@ -286,14 +302,7 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   }
   top.insert("optimizer", optimizer);
 
-  const parallel::tensor_parallel::RngStates rng = parallel::tensor_parallel::get_all_rng_states();
-  GenericDict rng_state = new_checkpoint_dict();
-  rng_state.insert("torch_rng_state", snapshot(rng.cpu));
-  if (rng.cuda.defined()) rng_state.insert("cuda_rng_state", snapshot(rng.cuda));
-  rng_state.insert("rng_tracker_states", tensor_map(rng.tracker));
-  GenericList rng_list = new_list();
-  rng_list.push_back(rng_state);
-  top.insert("rng_state", rng_list);
+  top.insert("rng_state", rng_state_list());
   return top;
 }
 

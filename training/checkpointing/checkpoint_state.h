@@ -79,6 +79,13 @@ CheckpointWriter checkpoint_writer(const PretrainSetup& setup);
 /// parallelism (ep_size > 1) the expert-parallel rank last, "mp_rank_01_003" or "mp_rank_01_002_003".
 std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size, int ep_rank = 0, int ep_size = 1);
 
+/// What every format saves once for the whole job: checkpoint_version, qkv_layout, iteration, config (the resolved
+/// YAML), parallel_layout (this rank's), train_state and opt_param_scheduler.
+c10::impl::GenericDict shared_state_dict(PretrainSetup& setup, int64_t iteration);
+
+/// This rank's RNG streams as Megatron saves them: [{"torch_rng_state", "cuda_rng_state", "rng_tracker_states"}].
+c10::impl::GenericList rng_state_list();
+
 /// The dict this rank saves for `iteration` (see the top of this file). Tensors are detached CPU copies, so the result
 /// stays valid while training goes on (an asynchronous save writes it later). With the distributed optimizer, `whole`
 /// is its state gathered on this rank (DistributedOptimizer::gather_state), saved in the same per-parameter layout as

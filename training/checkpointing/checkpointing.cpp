@@ -19,6 +19,7 @@
 #include "parallel/parallel_state.h"
 #include "training/callbacks/callback_state.h"
 #include "training/checkpointing/checkpoint_state.h"
+#include "training/checkpointing/checkpoint_strategy.h"
 #include "training/checkpointing/checkpointing_internal.h"
 #include "utils/durable_file.h"
 #include "utils/exception_message.h"
@@ -51,6 +52,14 @@ std::string relative_rank_file() {
 
 void write_pickle(const fs::path& path, const c10::IValue& value) { bridge::utils::save_torch_pickle(path, value); }
 
+void warn_skipped_user_state(const std::vector<std::string>& skipped) {
+  if (skipped.empty() || parallel::get_rank() != 0) return;
+  bridge::utils::logger().warn(
+      "user_state entries not saved in the checkpoint (their types are not numbers, bool, string, tensor, or vectors "
+      "or string-keyed maps of those): {}",
+      bridge::utils::join(skipped, ", "));
+}
+
 GenericDict read_pickle(const fs::path& path) {
   const c10::IValue value = bridge::utils::load_torch_pickle(path);
   if (!value.isGenericDict())
@@ -69,7 +78,7 @@ std::map<int64_t, bool> checkpoint_iterations(const fs::path& root) {
     const std::string name = entry.path().filename().string();
     if (name.size() != 12 || name.rfind("iter_", 0) != 0 || !entry.is_directory()) continue;
     try {
-      found[std::stoll(name.substr(5))] = fs::exists(entry.path() / kCommon);
+      found[std::stoll(name.substr(5))] = complete_checkpoint(entry.path());
     } catch (const std::exception&) {
     }
   }
@@ -84,11 +93,8 @@ using GenericDict = c10::impl::GenericDict;
 using GenericList = c10::impl::GenericList;
 using detail::checkpoint_iterations;
 using detail::in_context;
-using detail::kCommon;
 using detail::kTracker;
 using detail::on_every_rank;
-using detail::relative_rank_file;
-using detail::write_pickle;
 
 // checkpoint.most_recent_k: deletes complete checkpoints older than the newest k, and leftovers of interrupted
 // saves older than the newest; only after the new one is complete and named by the tracker.
@@ -123,8 +129,8 @@ void remove_leftover(const fs::path& path, const std::string& why) {
   }
 }
 
-// What a killed run left in checkpoint.save: iteration directories without common.pt (a save cut short), complete
-// ones newer than the tracker (killed between common.pt and the tracker, so never named by it), and stray *.tmp files
+// What a killed run left in checkpoint.save: iteration directories never completed (a save cut short), complete
+// ones newer than the tracker (killed between the commit and the tracker, so never named by it), and stray *.tmp files
 // (a write cut short). The tracked checkpoint and every complete one up to it are kept.
 void remove_interrupted_saves(const fs::path& root) {
   std::error_code error;
@@ -133,7 +139,7 @@ void remove_interrupted_saves(const fs::path& root) {
   for (const auto& [iteration, complete] : checkpoint_iterations(root)) {
     const fs::path directory = root / checkpoint_directory_name(iteration);
     if (!complete && iteration != tracked) {
-      remove_leftover(directory, "an interrupted save (no " + std::string(kCommon) + ")");
+      remove_leftover(directory, "an interrupted save (never completed)");
     } else if (complete && tracked && iteration > *tracked) {
       remove_leftover(directory, "a save interrupted before " + std::string(kTracker) + " named it");
     } else {
@@ -181,10 +187,8 @@ struct PendingCheckpoint {
   fs::path directory;
   std::string what;  // "saving checkpoint iteration 7 under <dir>", for errors
   std::chrono::steady_clock::time_point started;
-  GenericDict shared = new_checkpoint_dict();  // rank 0: what common.pt copies from its own file
-  std::vector<std::string> index;              // rank 0: every rank's tensor-index lines
-  std::set<std::string> files;                 // every rank file written, relative to the iteration directory
-  std::future<void> written;                   // this rank's file: deferred (sync) or on a thread (async_save)
+  std::unique_ptr<PendingSave> save;  // the format's snapshot and commit
+  std::future<std::string> written;   // this rank's files: deferred (sync) or on a thread (async_save)
 };
 
 namespace {
@@ -193,45 +197,6 @@ namespace {
 std::string failed_save(const std::string& what, const std::exception& error) {
   return in_context(what, bridge::utils::describe(error)) + ". " + kTracker +
          " still names the previous complete checkpoint; check that checkpoint.save is writable and has space.";
-}
-
-// Rank 0's common.pt: the shared state and the tensor index (which file holds which slices of every global tensor,
-// for loads in other layouts).
-GenericDict common_state(const PendingCheckpoint& pending) {
-  GenericDict tensors = new_checkpoint_dict();
-  for (const std::string& text : pending.index) {
-    std::istringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::vector<std::string> fields;
-      std::istringstream parts(line);
-      for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
-      GenericDict entry = new_checkpoint_dict();
-      auto existing = tensors.find(c10::IValue(fields[0]));
-      if (existing != tensors.end()) entry = existing->value().toGenericDict();
-      GenericList holders(c10::AnyType::get());
-      if (entry.contains(c10::IValue(std::string("files")))) {
-        holders = entry.at(c10::IValue(std::string("files"))).toList();
-      }
-      holders.push_back(fields[1]);
-      GenericList shape(c10::AnyType::get());
-      std::istringstream sizes(fields[2]);
-      for (std::string size; std::getline(sizes, size, ',');) shape.push_back(static_cast<int64_t>(std::stoll(size)));
-      entry.insert_or_assign("global_shape", shape);
-      entry.insert_or_assign("dtype", fields[3]);
-      entry.insert_or_assign("files", holders);
-      tensors.insert_or_assign(fields[0], entry);
-    }
-  }
-  GenericDict common = new_checkpoint_dict();
-  for (const auto& item : pending.shared) common.insert(item.key(), item.value());
-  // Every file, also one holding no tensor (an expert writer on a pipeline stage without MoE layers keeps its RNG
-  // streams there): a load checks they are all present, and bridge-checkpoint verify that none is missing.
-  GenericList file_list(c10::AnyType::get());
-  for (const std::string& file : pending.files) file_list.push_back(file);
-  common.insert("files", file_list);
-  common.insert("tensors", tensors);
-  return common;
 }
 
 }  // namespace
@@ -250,75 +215,19 @@ std::string save_checkpoint(PretrainSetup& setup) {
   on_every_rank(pending->what, [&] {
     if (parallel::get_rank() == 0) remove_interrupted_saves(pending->root);
   });
-  // Megatron's writers, data-parallel rank 0 and expert data-parallel rank 0, each to the file of its (tp, pp, ep)
-  // rank: every slice is written at least once. Each file holds all of its rank's state, as Megatron's do, but the
-  // index in common.pt names one file per slice (the dense tensors of data-parallel rank 0's file, the experts of
-  // expert data-parallel rank 0's), so every load and export reads the same copy and no two can disagree.
-  const CheckpointWriter writer = checkpoint_writer(setup);
-  const std::vector<CheckpointParam> params = checkpoint_params(setup);
-  const std::string rank_file = relative_rank_file();
-  std::vector<std::string> skipped_user_state;
-  // Two writers of one file would overwrite each other's slices: a layout the file names cannot tell apart is refused
-  // before anything is written (the same gathered names on every rank, so every rank throws alike).
-  for (const std::string& file :
-       parallel::all_gather_strings(parallel::get_world_group(), writer.any() ? rank_file : std::string())) {
-    if (file.empty()) continue;
-    if (!pending->files.insert(file).second) {
-      throw std::logic_error(in_context(pending->what, "two ranks would write " + file +
-                                                           ": this parallel layout's rank files are not told apart "
-                                                           "by their names; report it with the parallelism.* "
-                                                           "settings"));
-    }
-  }
-
-  // The snapshot: CPU copies of this rank's state as of this step, so the write may happen while training goes on.
-  // Starting the write (a thread, with async_save) is inside the shared failure check too: it can fail on one rank.
-  // The distributed optimizer's state is gathered to the writers first (Megatron's gather to data-parallel rank 0),
-  // so that the files hold the same per-parameter state as without it and load into any layout.
+  // The snapshot (collective; a failure on one rank fails it on all), then this rank's write: deferred, or on a thread
+  // with async_save, so that training goes on while it writes. Starting the thread can fail on one rank too.
   const bool async = setup.config.checkpoint.async_save;
-  std::optional<DistributedOptimizer::WholeState> whole;
   try {
-    if (setup.distributed_optimizer) {
-      whole = setup.distributed_optimizer->gather_state(*setup.optimizer, writer.any());
-    }
+    const CheckpointStrategy& strategy = checkpoint_strategy(setup.config.checkpoint.ckpt_format);
+    pending->save = strategy.begin_save(setup, pending->directory, pending->iteration, pending->what);
     on_every_rank(pending->what, [&] {
-      if (!writer.any()) return;
-      GenericDict own = rank_state_dict(setup, params, pending->iteration, whole ? &*whole : nullptr);
-      if (setup.callbacks) {
-        own.insert("callbacks", save_callback_states(*setup.callbacks));
-        own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));
-      }
-      if (parallel::get_rank() == 0) {
-        for (const char* key : {"checkpoint_version", "iteration", "config", "parallel_layout", "train_state",
-                                "opt_param_scheduler", "callbacks", "user_state"}) {
-          auto it = own.find(c10::IValue(std::string(key)));
-          if (it != own.end()) pending->shared.insert(key, it->value());
-        }
-      }
       pending->written = std::async(async ? std::launch::async : std::launch::deferred,
-                                    [own, path = pending->directory / rank_file] { write_pickle(path, own); });
+                                    [save = pending->save.get()] { return save->write(); });
     });
   } catch (const std::exception& error) {
     throw std::runtime_error(failed_save(pending->what, error));
   }
-  if (!skipped_user_state.empty() && parallel::get_rank() == 0) {
-    bridge::utils::logger().warn(
-        "user_state entries not saved in the checkpoint (their types are not numbers, bool, string, tensor, or "
-        "vectors or string-keyed maps of those): {}",
-        bridge::utils::join(skipped_user_state, ", "));
-  }
-
-  std::ostringstream lines;
-  if (writer.any()) {
-    for (const CheckpointParam& entry : params) {
-      if (entry.tied_copy || !writer.owns(entry)) continue;
-      lines << entry.name << '\t' << rank_file << '\t';
-      for (int64_t size : entry.layout.global_shape) lines << size << ',';
-      lines << '\t' << c10::toString(entry.param.scalar_type()) << '\n';
-    }
-  }
-  pending->index = parallel::all_gather_strings(parallel::get_world_group(), lines.str());
-  if (!pending->written.valid()) pending->written = std::async(std::launch::deferred, [] {});  // not a writer
   const std::string directory = pending->directory.string();
   setup.last_saved_step = pending->iteration;
   setup.pending_checkpoint = std::move(pending);
@@ -338,14 +247,20 @@ void finalize_checkpoint_save(PretrainSetup& setup, bool blocking) {
     if (unfinished.item<int64_t>() > 0) return;
   }
   const std::shared_ptr<PendingCheckpoint> pending = std::move(setup.pending_checkpoint);
+  std::string written;
   try {
-    on_every_rank(pending->what, [&] { pending->written.get(); });
+    on_every_rank(pending->what, [&] { written = pending->written.get(); });
   } catch (const std::exception& error) {
     throw std::runtime_error(failed_save(pending->what, error));
   }
+  const std::vector<std::string> every_rank = parallel::all_gather_strings(world, written);
   on_every_rank(pending->what, [&] {
     if (parallel::get_rank() != 0) return;
-    write_pickle(pending->directory / kCommon, common_state(*pending));
+    try {
+      pending->save->commit(every_rank);
+    } catch (const std::exception& error) {
+      throw std::runtime_error(failed_save(pending->what, error));
+    }
     bridge::utils::write_file_durably(pending->root / kTracker, std::to_string(pending->iteration) + "\n");
     delete_old_checkpoints(pending->root, pending->iteration, setup.config.checkpoint.most_recent_k);
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - pending->started;

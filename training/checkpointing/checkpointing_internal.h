@@ -29,13 +29,16 @@ inline constexpr char kRankFile[] = "model_optim_rng.pt";
 std::string relative_rank_file();
 
 void write_pickle(const std::filesystem::path& path, const c10::IValue& value);
+/// Logs (rank 0) the user_state entries a save left out.
+void warn_skipped_user_state(const std::vector<std::string>& skipped);
+
 /// A checkpoint file's dict; throws when the file does not hold one (DamagedFileError when it is damaged).
 c10::impl::GenericDict read_pickle(const std::filesystem::path& path);
 
 /// `message` with `what` in front, unless it already starts with it (another rank's failure, which names it).
 std::string in_context(const std::string& what, const std::string& message);
 
-/// The iterations of the complete (common.pt present) and incomplete iter_* directories under `root`.
+/// The iterations of the complete (committed in some format) and incomplete iter_* directories under `root`.
 std::map<int64_t, bool> checkpoint_iterations(const std::filesystem::path& root);
 
 // Runs `work` on this rank and makes every rank learn whether it failed anywhere: a failure throws on every rank

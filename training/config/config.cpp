@@ -280,6 +280,22 @@ void ConfigContainer::validate(int world_size) const {
   require(!checkpoint.finetune || !checkpoint.load.empty() || !checkpoint.pretrained_checkpoint.empty(),
           "checkpoint.finetune is set but neither checkpoint.load nor checkpoint.pretrained_checkpoint is; set the "
           "directory to take the weights from");
+  require(checkpoint.ckpt_format == "torch_dist" || checkpoint.ckpt_format == "torch",
+          "checkpoint.ckpt_format must be torch_dist (Megatron-Core's distributed checkpoint) or torch (Megatron's "
+          "legacy files), got '" +
+              checkpoint.ckpt_format + "'");
+  {
+    static const char* const kStrictness[] = {"assume_ok_unexpected", "log_unexpected", "log_all",
+                                              "raise_unexpected",     "raise_all",      "return_unexpected",
+                                              "return_all",           "ignore_all"};
+    bool known = false;
+    for (const char* value : kStrictness) known = known || checkpoint.dist_ckpt_strictness == value;
+    require(known,
+            "checkpoint.dist_ckpt_strictness must be one of Megatron-Core's StrictHandling values "
+            "(assume_ok_unexpected, log_unexpected, log_all, raise_unexpected, raise_all, return_unexpected, "
+            "return_all, ignore_all), got '" +
+                checkpoint.dist_ckpt_strictness + "'");
+  }
   require(checkpoint.most_recent_k == -1 || checkpoint.most_recent_k >= 1,
           "checkpoint.most_recent_k must be -1 (keep all) or >= 1, got " + str(checkpoint.most_recent_k));
   const MixedPrecisionConfig& mp = mixed_precision;

@@ -216,6 +216,16 @@ struct CheckpointConfig {
   /// finalised (common.pt, the tracker, then on_checkpoint_save) at a later step boundary, once every rank wrote.
   /// The next save waits for the previous one.
   bool async_save = false;
+  /// The on-disk format: "torch_dist" (Megatron-Core's distributed checkpoint: every rank writes its own shards) or
+  /// "torch" (Megatron's legacy files, written by data-parallel rank 0). Loading reads either, whatever this says.
+  std::string ckpt_format = "torch";
+  /// torch_dist: spread the writing of replicated tensors over the ranks holding them (Megatron-Core's fully
+  /// parallel save); false: the lowest such rank writes each.
+  bool fully_parallel_save = true;
+  /// torch_dist: what a load does with tensors the checkpoint holds and the model lacks (Megatron-Core's
+  /// StrictHandling): assume_ok_unexpected (ignore them), log_unexpected / log_all (warn), raise_unexpected /
+  /// raise_all (refuse), return_unexpected / return_all / ignore_all (ignore). Missing tensors are always refused.
+  std::string dist_ckpt_strictness = "assume_ok_unexpected";
 };
 
 /// One entry of the `callbacks:` list: a built-in callback (training/callbacks/registry.h) and its options, each as

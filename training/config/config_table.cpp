@@ -317,6 +317,15 @@ const std::vector<Field>& fields() {
       field("checkpoint.async_save", &C::checkpoint, &CheckpointConfig::async_save,
             "Write checkpoint files on a background thread while training goes on; on_checkpoint_save fires once "
             "the checkpoint is complete."),
+      field("checkpoint.ckpt_format", &C::checkpoint, &CheckpointConfig::ckpt_format,
+            "torch_dist: Megatron-Core's distributed checkpoint (PyTorch DCP files every rank writes, its own shards); "
+            "torch: Megatron's legacy mp_rank_* files written by data-parallel rank 0. Loads read either."),
+      field("checkpoint.fully_parallel_save", &C::checkpoint, &CheckpointConfig::fully_parallel_save,
+            "torch_dist: spread the writing of replicated tensors over the ranks that hold them."),
+      field("checkpoint.dist_ckpt_strictness", &C::checkpoint, &CheckpointConfig::dist_ckpt_strictness,
+            "torch_dist: tensors the checkpoint has and the model lacks are ignored (assume_ok_unexpected, "
+            "return_unexpected, return_all, ignore_all), logged (log_unexpected, log_all) or refused "
+            "(raise_unexpected, raise_all)."),
 
       field("mixed_precision.bf16", &C::mixed_precision, &MixedPrecisionConfig::bf16,
             "Parameters and compute in bfloat16, fp32 master weights in the optimizer. `mixed_precision: "

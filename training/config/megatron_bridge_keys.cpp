@@ -144,7 +144,6 @@ constexpr Entry kEntries[] = {
 
     {"checkpoint.load_optim", Rule::kNegate, "checkpoint.no_load_optim"},
     {"checkpoint.load_rng", Rule::kNegate, "checkpoint.no_load_rng"},
-    {"checkpoint.ckpt_format", Rule::kOnly, "torch_dist", "bridge writes Megatron's torch_dist layout of .pt files"},
 
     {"dist.distributed_backend", Rule::kRename, "parallelism.backend"},
     {"dist.distributed_timeout_minutes", Rule::kMinutes, "parallelism.timeout"},
