@@ -6,7 +6,10 @@
 // with expert parallelism: each layout resumes bit for bit from its mp_rank_<tp>[_<pp>]_<ep> files, a checkpoint
 // reshards between expert-parallel sizes (and tensor, expert tensor and pipeline ones) to fp32 round-off, and one
 // without an expert-parallel rank's file is refused naming it. After every save the worker reads the checkpoint back
-// whole and checks it holds each of its rank's slices (experts and the fp32 expert_bias included).
+// whole and checks it holds each of its rank's slices (experts and the fp32 expert_bias included). In
+// checkpoint.ckpt_format torch_dist: every rank of tp2 x dp2 writes its own DCP file, the run resumes bit for bit and
+// at tp1 and pp2 x 2 chunks, an MoE ep2 run resumes bit for bit, and Python's torch.distributed.checkpoint reads every
+// weight equal to the legacy format's save of the same run.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -25,6 +28,9 @@
 #include <vector>
 
 #include "tests/dist/spawn.h"
+#include "training/checkpointing/saved_checkpoint.h"
+#include "training/checkpointing/sharded_state_dict.h"
+#include "utils/safetensors.h"
 
 namespace bridge::testing {
 namespace {
@@ -355,6 +361,100 @@ TEST(MoECheckpointResume, AMissingExpertParallelRankFileIsRefusedNamingIt) {
     fs::remove_all(out);
   }
   fs::remove_all(saved);
+}
+
+// checkpoint.ckpt_format torch_dist (Megatron-Core's distributed checkpoint) over real ranks, in one test to keep CI's
+// cost small. A tp2 x dp2 run with the distributed optimizer: every rank writes its own __<rank>_0.distcp (replicated
+// chunks spread over their holders, each rank's optimizer shard saved where it lies), the run resumes bit for bit,
+// and the checkpoint resumes at tp1 x pp1 (plain optimizer) and at pp2 x 2 chunks to fp32 round-off. Python's
+// torch.distributed.checkpoint loads it, and every weight it reads, split back into bridge's names, equals the legacy
+// format's save of the same (deterministic) run: the legacy reader shares no code with the DCP writer. An MoE ep2 run
+// in bf16 with the distributed optimizer and the fp32 expert_bias resumes bit for bit.
+TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython) {
+  const fs::path saved = fresh_directory("torch_dist_save"), legacy = fresh_directory("torch_dist_legacy");
+  const std::string block = "gpt+distopt+torch_dist";
+  const Record straight = run("torch_dist_straight", 4, 2, 1, 0, kSteps, "", "", block);
+  const Record first = run("torch_dist_first", 4, 2, 1, 0, kSteps / 2, saved.string(), "", block);
+  expect_follows(first, straight, 0.0, "the saving run");
+
+  const fs::path iteration = saved / "iter_0000002";
+  for (const char* file :
+       {".metadata", "metadata.json", "bridge_checksums.json", "train_state.pt", "run_config.yaml"}) {
+    EXPECT_TRUE(fs::exists(iteration / file)) << "no " << file;
+  }
+  EXPECT_TRUE(fs::exists(saved / "latest_train_state.pt"));
+  std::set<std::string> data_files;
+  for (const auto& entry : fs::directory_iterator(iteration)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() == ".distcp") data_files.insert(name);
+  }
+  EXPECT_EQ(data_files, (std::set<std::string>{"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"}))
+      << "every rank writes its own shard";
+
+  // Python's reader against the legacy format's save of the same run.
+  run("torch_dist_legacy_first", 4, 2, 1, 0, kSteps / 2, legacy.string(), "", "gpt+distopt");
+  const fs::path from_python = saved / "from_python.safetensors";
+  const RankResult python =
+      run_command({BRIDGE_TOOLS_PYTHON, BRIDGE_READ_TORCH_DIST, iteration.string(), from_python.string()},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(python.exit_code, 0) << python.output;
+  // Its index lists the common state, each tensor-parallel rank's RNG object and the optimizer's state in model space.
+  for (const char* item : {"\"common_state/shard_0_1\"", "\"rng_state/shard_0.0_1.2\"", "\"rng_state/shard_0.1_1.2\"",
+                           "\"optimizer.state.exp_avg_sq.decoder.layers.self_attention.linear_qkv.weight\""}) {
+    EXPECT_THAT(python.output, ::testing::HasSubstr(item));
+  }
+  const training::SavedWeights reference = training::load_saved_weights(legacy.string());
+  const training::ShardedKeyOptions options = training::ShardedKeyOptions::from(reference.config.model);
+  std::set<std::string> compared;
+  for (const auto& [key, tensor] : utils::read_safetensors(from_python).tensors) {
+    for (const training::NamedPart& part : training::named_parts(key, tensor.sizes().vec(), options)) {
+      torch::Tensor value = tensor;
+      for (int64_t index : part.prefix) value = value.select(0, index);
+      const auto found = reference.tensors.find(part.name);
+      if (found == reference.tensors.end()) {
+        ADD_FAILURE() << key << " holds " << part.name << ", which the legacy checkpoint does not have";
+        continue;
+      }
+      EXPECT_TRUE(torch::equal(value.to(torch::kFloat32), found->second))
+          << key << " -> " << part.name << " differs from the legacy checkpoint's";
+      compared.insert(part.name);
+    }
+  }
+  std::set<std::string> legacy_names;
+  for (const auto& [name, tensor] : reference.tensors) legacy_names.insert(name);
+  EXPECT_EQ(compared, legacy_names) << "Python's tensors cover other weights than the legacy checkpoint";
+  fs::remove(from_python);
+
+  struct Layout {
+    const char* name;
+    int world, tp, pp, vpp;
+  };
+  for (const Layout& layout : {Layout{"tp1pp1", 1, 1, 1, 0}, Layout{"pp2vpp2", 2, 1, 2, 2}}) {
+    const Record resumed = run(std::string("torch_dist_") + layout.name, layout.world, layout.tp, layout.pp, layout.vpp,
+                               kSteps, "", saved.string(), "gpt");
+    expect_follows(resumed, straight, 2e-5, layout.name);
+  }
+  // Last: it saves iteration 4 into the directory.
+  const Record second = run("torch_dist_second", 4, 2, 1, 0, kSteps, saved.string(), "", block);
+  expect_follows(second, straight, 0.0, "tp2 x dp2 resumed");
+  EXPECT_EQ(second.params, straight.params) << "the final parameters differ (CRC per slice)";
+  fs::remove_all(saved);
+  fs::remove_all(legacy);
+
+  // MoE, ep2 over 2 ranks in bf16 (the fp32 main params saved as optimizer.state.param) with the expert_bias buffers.
+  const std::string moe = "moe+ep2+distopt+expert_bias+bf16+torch_dist";
+  const fs::path moe_saved = fresh_directory("torch_dist_moe_save");
+  const Record moe_straight = run("torch_dist_moe_straight", 2, 1, 1, 0, kSteps, "", "", moe);
+  run("torch_dist_moe_first", 2, 1, 1, 0, kSteps / 2, moe_saved.string(), "", moe);
+  for (const char* file : {"__0_0.distcp", "__1_0.distcp", ".metadata"}) {
+    EXPECT_TRUE(fs::exists(moe_saved / "iter_0000002" / file)) << "MoE: no " << file;
+  }
+  const Record moe_second = run("torch_dist_moe_second", 2, 1, 1, 0, kSteps, moe_saved.string(), "", moe);
+  expect_follows(moe_second, moe_straight, 0.0, "MoE ep2 resumed");
+  EXPECT_EQ(moe_second.params, moe_straight.params) << "MoE: the final parameters differ (CRC per slice)";
+  EXPECT_FALSE(moe_straight.buffers.empty());
+  EXPECT_EQ(moe_second.buffers, moe_straight.buffers) << "MoE: the final expert_bias differs (CRC per layer)";
+  fs::remove_all(moe_saved);
 }
 
 // SIGKILL to every rank of the job in `out` that wrote its pid: a failed check must not wait out a long run.

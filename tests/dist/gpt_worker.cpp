@@ -19,10 +19,11 @@
 //       every step as exact hex floats, a CRC of every parameter slice and saved buffer (the MoE router's
 //       expert_bias, with its dtype) this rank holds after on_train_end, and "end <step> <1 if on_train_end fired>".
 //       After each save every rank reads the checkpoint back as bridge-export does (all files, through common.pt's
-//       index) and checks that it holds each of this rank's parameter slices and buffers with their values: an
-//       expert-parallel rank whose experts were not saved fails. Besides apply_switches' switches, +expert_bias:
-//       sigmoid routing with Megatron-Core's auxiliary-loss-free expert bias (a buffer moved every step), and +etp2:
-//       expert_tensor_parallel_size 2 (at tp 1, each expert split over ranks that share the dense tp rank).
+//       index or torch_dist's .metadata) and checks that it holds each of this rank's parameter slices and buffers with
+//       their values: an expert-parallel rank whose experts were not saved fails. Besides apply_switches' switches,
+//       +expert_bias: sigmoid routing with Megatron-Core's auxiliary-loss-free expert bias (a buffer moved every step),
+//       and +etp2: expert_tensor_parallel_size 2 (at tp 1, each expert split over ranks that share the dense tp rank),
+//       and +torch_dist: checkpoint.ckpt_format torch_dist (every rank writes its own DCP file).
 //       train.exit_signal_handler is on: once training has started, each rank writes its process id to
 //       <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
@@ -466,6 +467,11 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   if (const std::size_t at = block.find(kEtp2); at != std::string::npos) {
     block.erase(at, kEtp2.size());
     config.parallelism.expert_tensor_parallel_size = 2;
+  }
+  const std::string kTorchDist = "+torch_dist";  // save in Megatron-Core's distributed checkpoint format
+  if (const std::size_t at = block.find(kTorchDist); at != std::string::npos) {
+    block.erase(at, kTorchDist.size());
+    config.checkpoint.ckpt_format = "torch_dist";
   }
   apply_switches(config, block);
   const TrainState state = pretrain(config, gpt_forward_step, manager);

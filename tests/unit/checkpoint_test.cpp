@@ -3,7 +3,8 @@
 // the guard against overwriting newer checkpoints (checkpoints of another model: checkpoint_mismatch_test.cpp),
 // weights-only loads and most_recent_k; asynchronous saves, and the exits of train.exit_interval,
 // exit_signal_handler and exit_duration_in_mins; an MoE model's router expert_bias (fp32 under bf16) and a checkpoint
-// that lacks an expert or holds a foreign one (expert-parallel layouts: checkpoint_dist_test).
+// that lacks an expert or holds a foreign one (expert-parallel layouts: checkpoint_dist_test); torch_dist checkpoints
+// with damaged bytes or without their .metadata.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -21,8 +22,10 @@
 #include "bridge/bridge.h"
 #include "bridge/models/qkv_layout.h"
 #include "training/checkpointing/checkpointing.h"
+#include "training/checkpointing/saved_checkpoint.h"
 #include "utils/durable_file.h"
 #include "utils/torch_pickle.h"
+#include "utils/zip_archive.h"
 
 namespace bridge::training {
 namespace {
@@ -673,6 +676,90 @@ TEST(MoECheckpoint, AMissingOrForeignExpertIsRefusedNamingIt) {
   fs::remove_all(dir);
   fs::remove_all(missing);
   fs::remove_all(foreign);
+}
+
+// checkpoint.ckpt_format torch_dist in one process: 16 bytes flipped inside a __0_0.distcp blob are named as damage
+// (verify names the file; an explicit load fails naming it before a step) and checkpoint.auto_resume falls back loudly
+// to the older complete checkpoint, setting the damaged one aside, and continues bit for bit; a checkpoint whose
+// .metadata is missing (a save cut short before its commit) is refused by an explicit load and passed over by
+// auto_resume for the older one.
+TEST(TorchDistCheckpoint, DamageAndAMissingMetadataAreRefusedAndAutoResumeFallsBack) {
+  const fs::path dir = fresh_directory("torch_dist_damaged");
+  ConfigContainer config = tiny_config(4);
+  config.checkpoint.save = dir.string();
+  config.checkpoint.save_interval = 2;
+  config.checkpoint.ckpt_format = "torch_dist";
+  const Recorded first = train(config);  // iterations 2 and 4
+  ASSERT_EQ(first.losses.size(), 4U);
+  const fs::path blob = dir / "iter_0000004" / "__0_0.distcp";
+  ASSERT_TRUE(fs::exists(blob));
+  {
+    std::fstream file(blob, std::ios::in | std::ios::out | std::ios::binary);
+    const auto middle = static_cast<std::streamoff>(fs::file_size(blob) / 2);
+    for (std::streamoff i = 0; i < 16; ++i) {
+      file.seekg(middle + i);
+      const int byte = file.get();
+      file.seekp(middle + i);
+      file.put(static_cast<char>(byte ^ 0xFF));
+    }
+  }
+  bool named = false;
+  for (const VerifiedFile& file : verify_checkpoint((dir / "iter_0000004").string())) {
+    if (file.path == "__0_0.distcp") {
+      named = true;
+      EXPECT_THAT(file.problem, HasSubstr("is damaged"));
+    } else {
+      EXPECT_TRUE(file.intact()) << file.path << ": " << file.problem;
+    }
+  }
+  EXPECT_TRUE(named) << "verify does not report __0_0.distcp";
+
+  // An explicit load of it: an error naming the file, before a step.
+  ConfigContainer load = tiny_config(6);
+  load.checkpoint.load = dir.string();
+  const auto expect_refused_naming = [&](const std::string& what) {
+    int steps = 0;
+    try {
+      train(load, [&](CallbackManager& manager) {
+        manager.register_callback(Event::kTrainStepEnd, [&](CallbackContext&) { ++steps; });
+      });
+      ADD_FAILURE() << "the load succeeded";
+    } catch (const bridge::utils::DamagedFileError& error) {
+      EXPECT_THAT(error.what(), HasSubstr(what));
+    }
+    EXPECT_EQ(steps, 0) << "trained on it";
+  };
+  expect_refused_naming(blob.string() + " is damaged");
+
+  // Auto-resume: loudly back to iteration 2, the damaged one kept aside, then the first run's losses.
+  config.train.train_iters = 6;
+  ::testing::internal::CaptureStderr();
+  const Recorded resumed = train(config);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(resumed.loads.size(), 1U);
+  EXPECT_EQ(resumed.loads[0].iteration, 2);
+  EXPECT_THAT(log, HasSubstr(blob.string() + " is damaged"));
+  EXPECT_THAT(log,
+              HasSubstr("checkpoint iteration 4 is damaged; it is kept as " + (dir / "iter_0000004.damaged").string()));
+  EXPECT_TRUE(fs::exists(dir / "iter_0000004.damaged" / "__0_0.distcp"));
+  ASSERT_EQ(resumed.losses.size(), 4U);
+  EXPECT_EQ(resumed.losses[0], first.losses[2]);
+  EXPECT_EQ(resumed.losses[1], first.losses[3]);
+  EXPECT_EQ(read_latest_checkpointed_iteration(dir.string()), 6);
+
+  // Iteration 6 without its .metadata: refused when asked for, passed over by auto-resume for iteration 4.
+  const fs::path metadata = dir / "iter_0000006" / ".metadata";
+  ASSERT_TRUE(fs::remove(metadata));
+  load.train.train_iters = 8;
+  expect_refused_naming(metadata.string() + " is missing");
+  config.train.train_iters = 8;
+  const Recorded after = train(config);
+  ASSERT_EQ(after.loads.size(), 1U);
+  EXPECT_EQ(after.loads[0].iteration, 4);
+  ASSERT_EQ(after.losses.size(), 4U);
+  EXPECT_EQ(after.losses[0], resumed.losses[2]);
+  EXPECT_EQ(after.losses[1], resumed.losses[3]);
+  fs::remove_all(dir);
 }
 
 }  // namespace
