@@ -364,15 +364,16 @@ TEST(MoECheckpointResume, AMissingExpertParallelRankFileIsRefusedNamingIt) {
 }
 
 // checkpoint.ckpt_format torch_dist (Megatron-Core's distributed checkpoint) over real ranks, in one test to keep CI's
-// cost small. A tp2 x dp2 run with the distributed optimizer: every rank writes its own __<rank>_0.distcp (replicated
-// chunks spread over their holders, each rank's optimizer shard saved where it lies), the run resumes bit for bit,
-// and the checkpoint resumes at tp1 x pp1 (plain optimizer) and at pp2 x 2 chunks to fp32 round-off. Python's
-// torch.distributed.checkpoint loads it, and every weight it reads, split back into bridge's names, equals the legacy
-// format's save of the same (deterministic) run: the legacy reader shares no code with the DCP writer. An MoE ep2 run
-// in bf16 with the distributed optimizer and the fp32 expert_bias resumes bit for bit.
+// cost small. A tp2 x dp2 run of the Llama block with the distributed optimizer: every rank writes its own
+// __<rank>_0.distcp (replicated chunks spread over their holders, each rank's optimizer shard saved where it lies), the
+// run resumes bit for bit, and the checkpoint resumes at tp1 x pp1 (plain optimizer) and at pp2 x 2 chunks to fp32
+// round-off. Python's torch.distributed.checkpoint loads it, and every weight it reads, split back into bridge's names,
+// equals the legacy format's save of the same (deterministic) run: the legacy reader shares no code with the DCP
+// writer. An MoE ep2 run in bf16 with the distributed optimizer and the fp32 expert_bias resumes bit for bit.
 TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython) {
   const fs::path saved = fresh_directory("torch_dist_save"), legacy = fresh_directory("torch_dist_legacy");
-  const std::string block = "gpt+distopt+torch_dist";
+  // The Llama block: its SwiGLU fc1 is two chunks per tensor-parallel rank ([gate; up]), its QKV grouped.
+  const std::string block = "llama+distopt+torch_dist";
   const Record straight = run("torch_dist_straight", 4, 2, 1, 0, kSteps, "", "", block);
   const Record first = run("torch_dist_first", 4, 2, 1, 0, kSteps / 2, saved.string(), "", block);
   expect_follows(first, straight, 0.0, "the saving run");
@@ -392,7 +393,7 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
       << "every rank writes its own shard";
 
   // Python's reader against the legacy format's save of the same run.
-  run("torch_dist_legacy_first", 4, 2, 1, 0, kSteps / 2, legacy.string(), "", "gpt+distopt");
+  run("torch_dist_legacy_first", 4, 2, 1, 0, kSteps / 2, legacy.string(), "", "llama+distopt");
   const fs::path from_python = saved / "from_python.safetensors";
   const RankResult python =
       run_command({BRIDGE_TOOLS_PYTHON, BRIDGE_READ_TORCH_DIST, iteration.string(), from_python.string()},
@@ -431,7 +432,7 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
   };
   for (const Layout& layout : {Layout{"tp1pp1", 1, 1, 1, 0}, Layout{"pp2vpp2", 2, 1, 2, 2}}) {
     const Record resumed = run(std::string("torch_dist_") + layout.name, layout.world, layout.tp, layout.pp, layout.vpp,
-                               kSteps, "", saved.string(), "gpt");
+                               kSteps, "", saved.string(), "llama");
     expect_follows(resumed, straight, 2e-5, layout.name);
   }
   // Last: it saves iteration 4 into the directory.
