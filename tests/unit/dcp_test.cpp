@@ -93,7 +93,7 @@ std::map<std::string, torch::Tensor> two_rank_tensors() {
       {"embedding.weight", torch::randn({8, 6})},
       {"decoder.layers.weight", torch::randn({3, 4, 5})},
       {"final_norm.weight", torch::randn({6}).to(torch::kBFloat16)},
-      {"step_counts", torch::arange(5, torch::kInt64) * 1000000007LL},
+      {"step_counts", torch::arange(5, torch::kInt64) * static_cast<int64_t>(1000000007)},
       {"mask", torch::rand({3, 3}) > 0.5},
   };
 }
