@@ -6,19 +6,22 @@
 # saving and most kills land inside a save. The suite runs 20 trials (ctest -R checkpoint.kill_trials); the issue's
 # figure is 100:
 #   bench/checkpoint_kill_trials.sh build/tools/bridge-pretrain 100
-# Usage: bench/checkpoint_kill_trials.sh <bridge-pretrain> [trials] [seed]
+#   bench/checkpoint_kill_trials.sh build/tools/bridge-pretrain 20 1234 checkpoint.ckpt_format=torch_dist
+# Usage: bench/checkpoint_kill_trials.sh <bridge-pretrain> [trials] [seed] [key=value ...]  (the overrides go to every
+# run: the killed one and the resume)
 # Prints one line per trial and a summary; exits 1 when a trial fails: the run did not start saving, did not die of
 # the SIGKILL, or left a tracker naming a checkpoint that does not resume.
 set -euo pipefail
 program=${1:?usage: $0 <bridge-pretrain> [trials] [seed]}
 trials=${2:-100}
 RANDOM=${3:-1234}
+overrides=("${@:4}")
 [[ -x "$program" ]] || { echo "no program $program: build the bridge-pretrain target first" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/bridge_kill_trials.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 # Random tokens (no corpus to prepare), no evaluation, a save every step.
-common=(dataset.data_path=[] train.eval_iters=0 checkpoint.save_interval=1 logging.log_interval=1000)
+common=(dataset.data_path=[] train.eval_iters=0 checkpoint.save_interval=1 logging.log_interval=1000 ${overrides[@]+"${overrides[@]}"})
 resumed=0
 failed=0
 fail() {
