@@ -320,8 +320,9 @@ std::string kept_from_source(const bridge::hf::HfArtifacts& artifacts, const fs:
 int main(int argc, char** argv) {
   cxxopts::Options options("bridge-export",
                            "Writes a Hugging Face directory (config.json + model.safetensors: GPT-2, Llama, Mistral, "
-                           "Qwen2 or Qwen3, with generation_config.json and the run's tokenizer files) from a bridge "
-                           "checkpoint saved in any tensor/pipeline-parallel layout.");
+                           "Qwen2, Qwen3, Qwen3-MoE, Qwen2-MoE, Mixtral or OLMoE, with generation_config.json and the "
+                           "run's tokenizer files) from a bridge checkpoint in either format (torch or torch_dist) "
+                           "saved in any parallel layout.");
   options.custom_help(
       "--checkpoint DIR --hf-dir DIR [--iteration N] [--model-type TYPE] [--max-shard-size SIZE] "
       "[--tokenizer DIR-or-FILE] [--hf-source DIR]");
