@@ -186,6 +186,14 @@ c10::impl::GenericDict shared_state_dict(PretrainSetup& setup, int64_t iteration
   return top;
 }
 
+c10::impl::GenericDict grad_scaler_state(const GradScaler& scaler) {
+  GenericDict state = new_checkpoint_dict();
+  state.insert("scale", scaler.scale());
+  state.insert("growth_tracker", scaler.growth_tracker());
+  state.insert("hysteresis_tracker", scaler.hysteresis_tracker());
+  return state;
+}
+
 c10::impl::GenericList rng_state_list() {
   const parallel::tensor_parallel::RngStates rng = parallel::tensor_parallel::get_all_rng_states();
   GenericDict rng_state = new_checkpoint_dict();
@@ -293,13 +301,7 @@ c10::impl::GenericDict rank_state_dict(PretrainSetup& setup, const std::vector<C
   optimizer.insert("optimizer", inner);
   optimizer.insert("optimizer_type", setup.config.optimizer.optimizer);
   if (fp32_main_params) optimizer.insert("fp32_from_fp16_params", tensor_map(main_params));
-  if (const GradScaler* scaler = setup.grad_scaler()) {
-    GenericDict grad_scaler = new_checkpoint_dict();
-    grad_scaler.insert("scale", scaler->scale());
-    grad_scaler.insert("growth_tracker", scaler->growth_tracker());
-    grad_scaler.insert("hysteresis_tracker", scaler->hysteresis_tracker());
-    optimizer.insert("grad_scaler", grad_scaler);
-  }
+  if (const GradScaler* scaler = setup.grad_scaler()) optimizer.insert("grad_scaler", grad_scaler_state(*scaler));
   top.insert("optimizer", optimizer);
 
   top.insert("rng_state", rng_state_list());

@@ -83,6 +83,9 @@ std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size,
 /// YAML), parallel_layout (this rank's), train_state and opt_param_scheduler.
 c10::impl::GenericDict shared_state_dict(PretrainSetup& setup, int64_t iteration);
 
+/// fp16's loss scaler as the files keep it: {"scale", "growth_tracker", "hysteresis_tracker"}.
+c10::impl::GenericDict grad_scaler_state(const GradScaler& scaler);
+
 /// This rank's RNG streams as Megatron saves them: [{"torch_rng_state", "cuda_rng_state", "rng_tracker_states"}].
 c10::impl::GenericList rng_state_list();
 

@@ -67,24 +67,18 @@ std::vector<ShardedChunk> sharded_chunks(const std::string& name, const dc::Shar
   int64_t layer = -1, expert = -1;
   ShardedChunk base;
   base.key = sharded_key(name, options, &layer, &expert);
-  if (layer >= 0 && options.homogeneous_layers) {
-    if (layer >= options.num_layers) {
-      throw std::invalid_argument(name + ": layer " + std::to_string(layer) + " of a model of " +
-                                  std::to_string(options.num_layers) + " layers");
+  // A prepended axis: the index's place among `count` (the layers, the experts).
+  const auto prepend = [&](int64_t index, int64_t count, const char* what) {
+    if (index >= count) {
+      throw std::invalid_argument(name + ": " + what + " " + std::to_string(index) + " of a model of " +
+                                  std::to_string(count) + " " + what + "s");
     }
-    base.global_shape.push_back(options.num_layers);
-    base.offsets.push_back(layer);
+    base.global_shape.push_back(count);
+    base.offsets.push_back(index);
     base.sizes.push_back(1);
-  }
-  if (expert >= 0) {
-    if (expert >= options.num_experts) {
-      throw std::invalid_argument(name + ": expert " + std::to_string(expert) + " of a model of " +
-                                  std::to_string(options.num_experts) + " experts");
-    }
-    base.global_shape.push_back(options.num_experts);
-    base.offsets.push_back(expert);
-    base.sizes.push_back(1);
-  }
+  };
+  if (layer >= 0 && options.homogeneous_layers) prepend(layer, options.num_layers, "layer");
+  if (expert >= 0) prepend(expert, options.num_experts, "expert");
   base.prepended = static_cast<int64_t>(base.offsets.size());
   for (int64_t size : layout.global_shape) {
     base.global_shape.push_back(size);

@@ -24,7 +24,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "parallel/distributed.h"
@@ -140,11 +139,12 @@ std::vector<SaveItem> tensor_items(PretrainSetup& setup, const std::vector<Check
       for (const DistributedOptimizer::Piece& piece : distributed_optimizer_pieces(entry.param)) {
         const int64_t begin = piece.offset, end = piece.offset + piece.model_view.numel();
         const std::vector<FlatBox> boxes = flat_range_boxes(chunks, entry.param.sizes(), begin, end);
-        const auto add = [&](const std::string& name, const torch::Tensor& flat) {
+        const auto add = [&](const std::string& name, const torch::Tensor& piece_values) {
+          const torch::Tensor flat = piece_values.detach().reshape({-1});
           for (const FlatBox& box : boxes) {
             ShardedChunk chunk = box.chunk;
             chunk.key = name;
-            items.push_back({chunk, flat_box_data(flat.detach().reshape({-1}), entry.param.sizes(), begin, box)});
+            items.push_back({chunk, flat_box_data(flat, entry.param.sizes(), begin, box)});
           }
         };
         if (entry.param.scalar_type() != torch::kFloat32)
@@ -328,22 +328,23 @@ class TorchDistStrategy : public CheckpointStrategy {
     }
     std::vector<std::string> skipped_user_state;
     detail::on_every_rank(what, [&] {
-      // Each rank's RNG streams and callbacks' state, where its (pp, tp[, dp]) object is this rank's to write.
+      // Each rank's RNG streams and callbacks' state, where its (pp, tp[, dp]) object is this rank's to write (rank 0
+      // always writes one: data-parallel rank 0).
       const bool expert_parallel = parallel::get_expert_model_parallel_world_size() > 1;
-      if (expert_parallel || setup.data_parallel_rank == 0) {
-        GenericDict own = new_checkpoint_dict();
-        own.insert("rng_state", rng_state_list());
-        own.insert("parallel_layout", checkpoint_field(shared_state_dict(setup, iteration), "parallel_layout", what));
-        if (setup.callbacks) {
-          own.insert("callbacks", save_callback_states(*setup.callbacks));
-          own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));
-        }
-        GenericList payload(c10::AnyType::get());
-        payload.push_back(own);
-        save->objects.emplace_back(rng_key(setup.data_parallel_rank, setup.data_parallel_size), pickle_bytes(payload));
-      }
-      if (parallel::get_rank() != 0) return;
+      if (!expert_parallel && setup.data_parallel_rank != 0) return;
       GenericDict common = shared_state_dict(setup, iteration);
+      GenericDict own = new_checkpoint_dict();
+      own.insert("rng_state", rng_state_list());
+      own.insert("parallel_layout", checkpoint_field(common, "parallel_layout", what));
+      if (setup.callbacks) {
+        own.insert("callbacks", save_callback_states(*setup.callbacks));
+        own.insert("user_state", save_user_state(setup.callbacks->user_state(), skipped_user_state));
+      }
+      GenericList own_payload(c10::AnyType::get());
+      own_payload.push_back(own);
+      save->objects.emplace_back(rng_key(setup.data_parallel_rank, setup.data_parallel_size),
+                                 pickle_bytes(own_payload));
+      if (parallel::get_rank() != 0) return;
       GenericDict content = new_checkpoint_dict();
       content.insert("distrib_optim_sharding_type", std::string("fully_reshardable"));
       content.insert("singleton_local_shards", false);
@@ -351,18 +352,11 @@ class TorchDistStrategy : public CheckpointStrategy {
       GenericDict optimizer = new_checkpoint_dict();
       optimizer.insert("optimizer_type", setup.config.optimizer.optimizer);
       optimizer.insert("step", step);
-      if (const GradScaler* scaler = setup.grad_scaler()) {
-        GenericDict grad_scaler = new_checkpoint_dict();
-        grad_scaler.insert("scale", scaler->scale());
-        grad_scaler.insert("growth_tracker", scaler->growth_tracker());
-        grad_scaler.insert("hysteresis_tracker", scaler->hysteresis_tracker());
-        optimizer.insert("grad_scaler", grad_scaler);
-      }
+      if (const GradScaler* scaler = setup.grad_scaler()) optimizer.insert("grad_scaler", grad_scaler_state(*scaler));
       common.insert("optimizer", optimizer);
-      if (setup.callbacks) {
-        std::vector<std::string> ignored;
-        common.insert("callbacks", save_callback_states(*setup.callbacks));
-        common.insert("user_state", save_user_state(setup.callbacks->user_state(), ignored));
+      for (const char* key : {"callbacks", "user_state"}) {  // rank 0's, for a load in another layout
+        const auto it = own.find(c10::IValue(std::string(key)));
+        if (it != own.end()) common.insert(key, it->value());
       }
       GenericList payload(c10::AnyType::get());
       payload.push_back(common);
@@ -621,7 +615,6 @@ class TorchDistStrategy : public CheckpointStrategy {
     out.layout.global_shape = saved;
     const int64_t dim = entry.layout.replicated() ? 0 : entry.layout.partition_dim;
     const int64_t limit = saved.empty() ? 0 : saved[static_cast<std::size_t>(dim)];
-    std::vector<torch::Tensor> parts;
     if (entry.layout.replicated()) {
       std::vector<int64_t> offsets(first.offsets), sizes(first.sizes);
       for (std::size_t d = 0; d < saved.size(); ++d) sizes[prepended + d] = saved[d];
@@ -629,6 +622,7 @@ class TorchDistStrategy : public CheckpointStrategy {
       return out;
     }
     out.layout.blocks.clear();
+    std::vector<torch::Tensor> parts;
     int64_t local = 0;
     for (const ShardedChunk& chunk : chunks) {
       const std::size_t global_dim = prepended + static_cast<std::size_t>(dim);
