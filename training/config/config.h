@@ -226,6 +226,13 @@ struct CheckpointConfig {
   /// StrictHandling): assume_ok_unexpected (ignore them), log_unexpected / log_all (warn), raise_unexpected /
   /// raise_all (refuse), return_unexpected / return_all / ignore_all (ignore). Missing tensors are always refused.
   std::string dist_ckpt_strictness = "assume_ok_unexpected";
+  /// torch_dist with the distributed optimizer: save its state in model space, resharded on load along any axis
+  /// (Megatron-Core's fully_reshardable); false: each rank's shard of each gradient bucket as it lies
+  /// (dp_reshardable: loads only under the same tensor and pipeline layout, any data-parallel size).
+  bool dist_ckpt_optim_fully_reshardable = false;
+  /// Also write the model as a Hugging Face checkpoint (config.json, model.safetensors, the tokenizer's files) in
+  /// each saved iteration's hf/ directory, off the training thread (Megatron-Bridge's also_save_hf_checkpoint).
+  bool also_save_hf_checkpoint = false;
 };
 
 /// One entry of the `callbacks:` list: a built-in callback (training/callbacks/registry.h) and its options, each as

@@ -326,6 +326,13 @@ const std::vector<Field>& fields() {
             "torch_dist: tensors the checkpoint has and the model lacks are ignored (assume_ok_unexpected, "
             "return_unexpected, return_all, ignore_all), logged (log_unexpected, log_all) or refused "
             "(raise_unexpected, raise_all)."),
+      field("checkpoint.dist_ckpt_optim_fully_reshardable", &C::checkpoint,
+            &CheckpointConfig::dist_ckpt_optim_fully_reshardable,
+            "torch_dist with the distributed optimizer: its state in model space, loadable in any layout; false: "
+            "each rank's bucket shard as it lies (dp_reshardable), loadable at any data-parallel size only."),
+      field("checkpoint.also_save_hf_checkpoint", &C::checkpoint, &CheckpointConfig::also_save_hf_checkpoint,
+            "Also write each saved iteration as a Hugging Face checkpoint in its hf/ directory (config.json, "
+            "model.safetensors, tokenizer files), off the training thread."),
 
       field("mixed_precision.bf16", &C::mixed_precision, &MixedPrecisionConfig::bf16,
             "Parameters and compute in bfloat16, fp32 master weights in the optimizer. `mixed_precision: "
