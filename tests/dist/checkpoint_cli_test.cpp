@@ -2,7 +2,8 @@
 // file or common.pt are named as damage on every rank and nothing is trained on them; checkpoint.auto_resume falls
 // back to the newest complete older checkpoint loudly (the damaged one kept aside, the tracker moved in the open) and
 // resumes bit-exact from it; bridge-checkpoint verify names the damaged file; a truncated file's error carries no
-// C++ backtrace; a checkpoint.load that does not exist exits 2. An MoE checkpoint of two expert-parallel ranks: verify
+// C++ backtrace; a checkpoint.load that does not exist exits 2; all in Megatron's legacy files (torch_dist's damage:
+// checkpoint_test). An MoE checkpoint of two expert-parallel ranks: verify
 // checks both rank files, bridge-export gathers every expert, and damage in expert-parallel rank 1's file is named.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -43,9 +44,11 @@ class DamagedCheckpoint : public ::testing::Test {
 
   fs::path save() const { return root_ / "ckpt"; }
 
-  // The embedded tiny recipe (a rank file of several MB), saving every 10 iterations.
+  // The embedded tiny recipe (a rank file of several MB), saving every 10 iterations in Megatron's legacy files
+  // (torch_dist's damage cases: checkpoint_test's TorchDistCheckpoint).
   RankResult pretrain(int iterations, std::vector<std::string> extra = {}) const {
     std::vector<std::string> argv = {kPretrain,
+                                     "checkpoint.ckpt_format=torch",
                                      "train.train_iters=" + std::to_string(iterations),
                                      "train.eval_interval=0",
                                      "logging.log_interval=1",
@@ -179,13 +182,10 @@ TEST_F(DamagedCheckpoint, ALoadThatDoesNotExistExits2) {
 
 // Two ranks (tp=2): the damage is in rank 1's file; both ranks fail, rank 1 naming it; auto-resume falls back on both.
 TEST_F(DamagedCheckpoint, EveryRankAgreesOnDamageFoundByOne) {
-  const std::vector<std::string> args = {"parallelism.tensor_model_parallel_size=2",
-                                         "model.num_layers=2",
-                                         "model.hidden_size=32",
-                                         "train.num_threads=1",
-                                         "train.eval_interval=0",
-                                         "parallelism.timeout=2min",
-                                         "checkpoint.save=" + save().string(),
+  const std::vector<std::string> args = {"checkpoint.ckpt_format=torch", "parallelism.tensor_model_parallel_size=2",
+                                         "model.num_layers=2",           "model.hidden_size=32",
+                                         "train.num_threads=1",          "train.eval_interval=0",
+                                         "parallelism.timeout=2min",     "checkpoint.save=" + save().string(),
                                          "checkpoint.save_interval=10"};
   const auto run = [&](int iterations, std::vector<std::string> extra) {
     std::vector<std::string> all = args;
@@ -227,7 +227,8 @@ std::string safetensors_header(const fs::path& path) {
 // one rank file per expert-parallel rank, both verified; bridge-export writes every expert (2 and 3 live only in ep
 // rank 1's file); flipped bytes in ep rank 1's file are named by verify and by a load on every rank.
 TEST_F(DamagedCheckpoint, AnExpertParallelCheckpointIsVerifiedAndExportedWhole) {
-  const std::vector<std::string> args = {"model.num_layers=2",
+  const std::vector<std::string> args = {"checkpoint.ckpt_format=torch",
+                                         "model.num_layers=2",
                                          "model.hidden_size=32",
                                          "model.num_query_groups=2",
                                          "model.normalization=RMSNorm",

@@ -3,13 +3,15 @@
 // pp2 with 2 chunks and at tp4, optimizer state included, with the original layout's losses to fp32 round-off;
 // the distributed optimizer's state resumes bit for bit and in other data-parallel sizes, with or without it; under
 // mpirun, a SIGTERM to one rank of four saves the same step on every rank, and the resume is bit-exact. MoE models
-// with expert parallelism: each layout resumes bit for bit from its mp_rank_<tp>[_<pp>]_<ep> files, a checkpoint
+// with expert parallelism: each layout resumes bit for bit from its files (legacy mp_rank_<tp>[_<pp>]_<ep> or one
+// torch_dist file per rank), a checkpoint
 // reshards between expert-parallel sizes (and tensor, expert tensor and pipeline ones) to fp32 round-off, and one
 // without an expert-parallel rank's file is refused naming it. After every save the worker reads the checkpoint back
-// whole and checks it holds each of its rank's slices (experts and the fp32 expert_bias included). In
-// checkpoint.ckpt_format torch_dist: every rank of tp2 x dp2 writes its own DCP file, the run resumes bit for bit and
-// at tp1 and pp2 x 2 chunks, an MoE ep2 run resumes bit for bit, and Python's torch.distributed.checkpoint reads every
-// weight equal to the legacy format's save of the same run.
+// whole and checks it holds each of its rank's slices (experts and the fp32 expert_bias included). Checkpoints are
+// checkpoint.ckpt_format torch_dist (the default) unless a case pins the legacy files (+ckpt_torch). In torch_dist:
+// every rank of tp2 x dp2 writes its own DCP file, the run resumes bit for bit and at tp1 and pp2 x 2 chunks, an MoE
+// ep2 run resumes bit for bit, and Python's torch.distributed.checkpoint reads every weight equal to the legacy
+// format's save of the same run.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -118,13 +120,19 @@ void expect_bit_exact_resume(const std::string& name, int world, int tp, int pp,
   const fs::path saved = fresh_directory(name + "_save");
   const Record straight = run(name + "_straight", world, tp, pp, vpp, kSteps, "", "", block);
   const Record first = run(name + "_first", world, tp, pp, vpp, kSteps / 2, saved.string(), "", block);
+  // Legacy files are mp_rank_* directories; torch_dist's are __<rank>_0.distcp files.
+  const auto is_rank_file = [](const fs::directory_entry& entry) {
+    return entry.is_directory() || entry.path().extension() == ".distcp";
+  };
   for (const std::string& file : rank_files) {
-    EXPECT_TRUE(fs::exists(saved / "iter_0000002" / file / "model_optim_rng.pt")) << name << ": no " << file;
+    const fs::path path = saved / "iter_0000002" / file;
+    EXPECT_TRUE(fs::exists(path.extension() == ".distcp" ? path : path / "model_optim_rng.pt"))
+        << name << ": no " << file;
   }
   if (!rank_files.empty()) {
-    int directories = 0;
-    for (const auto& entry : fs::directory_iterator(saved / "iter_0000002")) directories += entry.is_directory();
-    EXPECT_EQ(directories, static_cast<int>(rank_files.size())) << name << ": other rank files than expected";
+    int found = 0;
+    for (const auto& entry : fs::directory_iterator(saved / "iter_0000002")) found += is_rank_file(entry);
+    EXPECT_EQ(found, static_cast<int>(rank_files.size())) << name << ": other rank files than expected";
   }
   const Record second = run(name + "_second", world, tp, pp, vpp, kSteps, saved.string(), "", block);  // auto_resume
   ASSERT_EQ(straight.loss.size(), static_cast<std::size_t>(kSteps));
@@ -255,9 +263,10 @@ TEST(CheckpointResume, DistributedOptimizerInBf16KeepsTheFp32MainParams) {
 }
 
 // MoE layouts on 2 ranks and two on 4 (the MoE block of gpt_worker_support.h: 4 experts, 3 MoE layers of 4, shared
-// experts): each resumes bit for bit, from Megatron's legacy files mp_rank_<tp>[_<pp>][_<ep>] (the expert-parallel rank
-// last, only at ep > 1), which every expert-parallel rank writes with its own experts. A save that lost one rank's
-// experts fails the resume (its experts missing) and the worker's read-back after the save.
+// experts): each resumes bit for bit. Three save Megatron's legacy files mp_rank_<tp>[_<pp>][_<ep>] (the
+// expert-parallel rank last, only at ep > 1), which every expert-parallel rank writes with its own experts; the others
+// torch_dist (the default), where every rank writes its own file. A save that lost one rank's experts fails the
+// resume (its experts missing) and the worker's read-back after the save.
 TEST(MoECheckpointResume, BitExactInEveryExpertLayout) {
   struct Layout {
     const char* name;
@@ -265,26 +274,27 @@ TEST(MoECheckpointResume, BitExactInEveryExpertLayout) {
     const char* block;
     std::vector<std::string> files;
   };
+  const std::vector<std::string> two_ranks = {"__0_0.distcp", "__1_0.distcp"};
   const std::vector<Layout> layouts = {
       // ep2 over the 2 data-parallel ranks: dense data-parallel rank 0 and expert data-parallel rank 0 of ep rank 1.
-      {"ep2", 2, 1, 1, "moe+ep2", {"mp_rank_00_000", "mp_rank_00_001"}},
+      {"ep2", 2, 1, 1, "moe+ep2+ckpt_torch", {"mp_rank_00_000", "mp_rank_00_001"}},
       // The distributed optimizer shards the dense state over dp 2 and keeps each rank's experts' state whole.
-      {"ep2_distopt", 2, 1, 1, "moe+ep2+distopt", {"mp_rank_00_000", "mp_rank_00_001"}},
+      {"ep2_distopt", 2, 1, 1, "moe+ep2+distopt", two_ranks},
       // tp2 x ep2 on the same two ranks, sequence parallel, experts whole (etp1): tp rank r holds ep rank r's experts.
-      {"tp2_ep2_etp1_sp", 2, 2, 1, "moe+ep2+etp1+sp", {"mp_rank_00_000", "mp_rank_01_001"}},
+      {"tp2_ep2_etp1_sp", 2, 2, 1, "moe+ep2+etp1+sp", two_ranks},
       // bf16 with the auxiliary-loss-free expert_bias (fp32 buffers) and the alltoall dispatcher.
-      {"ep2_bf16_expert_bias", 2, 1, 1, "moe+ep2+alltoall+expert_bias+bf16", {"mp_rank_00_000", "mp_rank_00_001"}},
-      // Experts split over 2 expert tensor-parallel ranks at tp 1: their files are told apart by the etp rank.
-      {"etp2", 2, 1, 1, "moe+etp2", {"mp_rank_00_etp00", "mp_rank_00_etp01"}},
+      {"ep2_bf16_expert_bias", 2, 1, 1, "moe+ep2+alltoall+expert_bias+bf16", two_ranks},
+      // Experts split over 2 expert tensor-parallel ranks at tp 1: their legacy files are told apart by the etp rank.
+      {"etp2", 2, 1, 1, "moe+etp2+ckpt_torch", {"mp_rank_00_etp00", "mp_rank_00_etp01"}},
       // pp2 x ep2: the pipeline rank, then the expert-parallel rank.
       {"pp2_ep2",
        4,
        1,
        2,
-       "moe+ep2",
+       "moe+ep2+ckpt_torch",
        {"mp_rank_00_000_000", "mp_rank_00_000_001", "mp_rank_00_001_000", "mp_rank_00_001_001"}},
-      // dp4 x ep2 (expert dp 2) with the distributed optimizer: ranks 2 and 3 write nothing, their state gathered.
-      {"ep2_dp4_distopt", 4, 1, 1, "moe+ep2+distopt", {"mp_rank_00_000", "mp_rank_00_001"}},
+      // dp4 x ep2 (expert dp 2) with the distributed optimizer: each rank writes its own shard, none gathered.
+      {"ep2_dp4_distopt", 4, 1, 1, "moe+ep2+distopt", {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"}},
   };
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
@@ -341,11 +351,11 @@ TEST(MoECheckpointResume, ReshardsBetweenExpertLayouts) {
   }
 }
 
-// An ep2 checkpoint without ep rank 1's file (its experts) is refused on every rank, naming the file, before a step;
-// so is one whose common.pt no longer lists an expert (checkpoint_test's MoECheckpoint cases).
+// An ep2 checkpoint in the legacy format without ep rank 1's file (its experts) is refused on every rank, naming the
+// file, before a step; so is one whose common.pt no longer lists an expert (checkpoint_test's MoECheckpoint cases).
 TEST(MoECheckpointResume, AMissingExpertParallelRankFileIsRefusedNamingIt) {
   const fs::path saved = fresh_directory("moe_missing_save");
-  run("moe_missing_first", 2, 1, 1, 0, kSteps / 2, saved.string(), "", "moe+ep2");
+  run("moe_missing_first", 2, 1, 1, 0, kSteps / 2, saved.string(), "", "moe+ep2+ckpt_torch");
   const fs::path lost = saved / "iter_0000002" / "mp_rank_00_001";
   ASSERT_TRUE(fs::exists(lost / "model_optim_rng.pt"));
   fs::remove_all(lost);
@@ -393,7 +403,7 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
       << "every rank writes its own shard";
 
   // Python's reader against the legacy format's save of the same run.
-  run("torch_dist_legacy_first", 4, 2, 1, 0, kSteps / 2, legacy.string(), "", "llama+distopt");
+  run("torch_dist_legacy_first", 4, 2, 1, 0, kSteps / 2, legacy.string(), "", "llama+distopt+ckpt_torch");
   const fs::path from_python = saved / "from_python.safetensors";
   const RankResult python =
       run_command({BRIDGE_TOOLS_PYTHON, BRIDGE_READ_TORCH_DIST, iteration.string(), from_python.string()},

@@ -338,8 +338,8 @@ TEST(GptControl, SaveRequestWritesACheckpointOnEveryStage) {
   const auto results = run_control("save", 1, directory);
   for (const RankResult& result : results) EXPECT_EQ(result.exit_code, 0) << describe(results);
   for (const char* iteration : {"iter_0000003", "iter_0000006"}) {  // on request after step 3, and the final save
-    for (const char* stage : {"mp_rank_00_000", "mp_rank_00_001"}) {
-      EXPECT_TRUE(fs::exists(directory / iteration / stage / "model_optim_rng.pt")) << iteration << "/" << stage;
+    for (const char* stage : {"__0_0.distcp", "__1_0.distcp", ".metadata", "metadata.json"}) {  // torch_dist
+      EXPECT_TRUE(fs::exists(directory / iteration / stage)) << iteration << "/" << stage;
     }
   }
   std::ifstream tracker(directory / "latest_checkpointed_iteration.txt");

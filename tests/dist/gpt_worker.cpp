@@ -23,9 +23,9 @@
 //       their values: an expert-parallel rank whose experts were not saved fails. Besides apply_switches' switches,
 //       +expert_bias: sigmoid routing with Megatron-Core's auxiliary-loss-free expert bias (a buffer moved every step),
 //       and +etp2: expert_tensor_parallel_size 2 (at tp 1, each expert split over ranks that share the dense tp rank),
-//       and +torch_dist: checkpoint.ckpt_format torch_dist (every rank writes its own DCP file).
-//       train.exit_signal_handler is on: once training has started, each rank writes its process id to
-//       <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
+//       and +torch_dist: checkpoint.ckpt_format torch_dist (every rank writes its own DCP file; the default),
+//       +ckpt_torch: Megatron's legacy files. train.exit_signal_handler is on: once training has started, each rank
+//       writes its process id to <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
 //   gpt_worker caught_failure <failing_rank> <tp> <pp> <step|callback>
@@ -468,10 +468,15 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     block.erase(at, kEtp2.size());
     config.parallelism.expert_tensor_parallel_size = 2;
   }
-  const std::string kTorchDist = "+torch_dist";  // save in Megatron-Core's distributed checkpoint format
+  const std::string kTorchDist = "+torch_dist";  // save in Megatron-Core's distributed checkpoint format (default)
   if (const std::size_t at = block.find(kTorchDist); at != std::string::npos) {
     block.erase(at, kTorchDist.size());
     config.checkpoint.ckpt_format = "torch_dist";
+  }
+  const std::string kCkptTorch = "+ckpt_torch";  // save in Megatron's legacy files, mp_rank_*/model_optim_rng.pt
+  if (const std::size_t at = block.find(kCkptTorch); at != std::string::npos) {
+    block.erase(at, kCkptTorch.size());
+    config.checkpoint.ckpt_format = "torch";
   }
   apply_switches(config, block);
   const TrainState state = pretrain(config, gpt_forward_step, manager);

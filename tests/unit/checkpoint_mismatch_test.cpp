@@ -61,51 +61,64 @@ void expect_refused(const ConfigContainer& config, const std::string& message,
   EXPECT_EQ(steps, 0);
 }
 
+// In both formats: torch_dist names Megatron-Core's keys (the layers stacked on a leading axis), so a deeper model
+// differs in a stacked tensor's shape where the legacy files lack a layer's tensors.
 TEST(Checkpoint, CheckpointOfAnotherModelIsRefusedBeforeAnythingChanges) {
-  const fs::path saved = fresh_directory("mismatch_saved");
-  ConfigContainer config = tiny_config(2);
-  config.checkpoint.save = saved.string();
-  train(config);
+  for (const std::string format : {"torch", "torch_dist"}) {
+    SCOPED_TRACE(format);
+    const bool dist = format == "torch_dist";
+    const fs::path saved = fresh_directory("mismatch_saved_" + format);
+    ConfigContainer config = tiny_config(2);
+    config.checkpoint.save = saved.string();
+    config.checkpoint.ckpt_format = format;
+    train(config);
 
-  ConfigContainer wider = tiny_config(4);
-  wider.checkpoint.load = saved.string();
-  wider.model.ffn_hidden_size = 48;
-  expect_refused(wider, "decoder.layers.0.mlp.linear_fc1.weight");
-  ConfigContainer deeper = tiny_config(4);
-  deeper.checkpoint.load = saved.string();
-  deeper.model.num_layers = 3;
-  // Which sizes differ, read from the config the checkpoint saved, and the override that loads it.
-  expect_refused(deeper, "the checkpoint has no tensor decoder.layers.2.",
-                 {"model.num_layers 2 (this run: 3)", "model.num_layers=2"});
-  ConfigContainer broader = tiny_config(4);
-  broader.checkpoint.load = saved.string();
-  broader.model.hidden_size = 32;
-  expect_refused(broader, " has the global shape [",
-                 {"16] in the checkpoint, [", "32] in this run's model", "model.hidden_size 16 (this run: 32)",
-                  "model.hidden_size=16", "another checkpoint.save"});
-  // Only the keys that change a tensor's shape: a dropout or an initialisation that differs loads as it is and is
-  // not named; seq_length sizes a learned positions' table, as tiny_config's default positions are.
-  ConfigContainer also_dropout = deeper;
-  also_dropout.model.hidden_dropout = 0.25;
-  also_dropout.model.init_method_std = 0.05;
-  also_dropout.model.seq_length = 16;
-  expect_refused(also_dropout, "the checkpoint has no tensor decoder.layers.2.",
-                 {"model.num_layers 2 (this run: 3)", "model.seq_length 8 (this run: 16)",
-                  "(model.num_layers=2 model.seq_length=8)"},
-                 {"hidden_dropout", "init_method_std"});
-  ConfigContainer sgd = tiny_config(4);
-  sgd.checkpoint.load = saved.string();
-  sgd.optimizer.optimizer = "sgd";
-  expect_refused(sgd, "optimizer.optimizer");
+    ConfigContainer wider = tiny_config(4);
+    wider.checkpoint.load = saved.string();
+    wider.model.ffn_hidden_size = 48;
+    expect_refused(wider, dist ? "decoder.layers.mlp.linear_fc1.weight has the global shape [2, 64, 16]"
+                               : "decoder.layers.0.mlp.linear_fc1.weight");
+    const std::string no_layer_2 = dist ? " has the global shape [" : "the checkpoint has no tensor decoder.layers.2.";
+    ConfigContainer deeper = tiny_config(4);
+    deeper.checkpoint.load = saved.string();
+    deeper.model.num_layers = 3;
+    // Which sizes differ, read from the config the checkpoint saved, and the override that loads it.
+    expect_refused(deeper, no_layer_2, {"model.num_layers 2 (this run: 3)", "model.num_layers=2"});
+    ConfigContainer broader = tiny_config(4);
+    broader.checkpoint.load = saved.string();
+    broader.model.hidden_size = 32;
+    expect_refused(broader, " has the global shape [",
+                   {"16] in the checkpoint", "32] in this run's model", "model.hidden_size 16 (this run: 32)",
+                    "model.hidden_size=16", "another checkpoint.save"});
+    // Only the keys that change a tensor's shape: a dropout or an initialisation that differs loads as it is and is
+    // not named; seq_length sizes a learned positions' table, as tiny_config's default positions are.
+    ConfigContainer also_dropout = deeper;
+    also_dropout.model.hidden_dropout = 0.25;
+    also_dropout.model.init_method_std = 0.05;
+    also_dropout.model.seq_length = 16;
+    expect_refused(also_dropout, no_layer_2,
+                   {"model.num_layers 2 (this run: 3)", "model.seq_length 8 (this run: 16)",
+                    "(model.num_layers=2 model.seq_length=8)"},
+                   {"hidden_dropout", "init_method_std"});
+    ConfigContainer sgd = tiny_config(4);
+    sgd.checkpoint.load = saved.string();
+    sgd.optimizer.optimizer = "sgd";
+    expect_refused(sgd, "optimizer.optimizer");
 
-  const fs::path copy = fresh_directory("mismatch_copy");
-  fs::copy(saved, copy, fs::copy_options::recursive);
-  fs::remove(copy / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt");
-  ConfigContainer missing = tiny_config(4);
-  missing.checkpoint.load = copy.string();
-  expect_refused(missing, (copy / "iter_0000002" / "mp_rank_00" / "model_optim_rng.pt").string());
-  fs::remove(copy / "iter_0000002" / "common.pt");
-  expect_refused(missing, "common.pt is missing");
+    // A missing rank file, then a missing index (common.pt; torch_dist's .metadata), each named.
+    const fs::path copy = fresh_directory("mismatch_copy_" + format);
+    fs::copy(saved, copy, fs::copy_options::recursive);
+    const fs::path rank_file = copy / "iter_0000002" / (dist ? "__0_0.distcp" : "mp_rank_00/model_optim_rng.pt");
+    ASSERT_TRUE(fs::remove(rank_file));
+    ConfigContainer missing = tiny_config(4);
+    missing.checkpoint.load = copy.string();
+    expect_refused(missing, rank_file.string());
+    const std::string index = dist ? ".metadata" : "common.pt";
+    ASSERT_TRUE(fs::remove(copy / "iter_0000002" / index));
+    expect_refused(missing, index + " is missing");
+    fs::remove_all(saved);
+    fs::remove_all(copy);
+  }
 }
 
 // A checkpoint's config without a readable "config" (another version's, or edited): the mismatch keeps its own
@@ -114,6 +127,7 @@ TEST(Checkpoint, AMismatchWithoutTheSavedConfigIsStillOneOfAnotherModel) {
   const fs::path saved = fresh_directory("no_config");
   ConfigContainer config = tiny_config(2);
   config.checkpoint.save = saved.string();
+  config.checkpoint.ckpt_format = "torch";  // its common.pt is edited below
   train(config);
   const fs::path common_path = saved / "iter_0000002" / "common.pt";
   const c10::impl::GenericDict original = bridge::utils::load_torch_pickle(common_path).toGenericDict();

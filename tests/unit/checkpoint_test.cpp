@@ -21,6 +21,7 @@
 
 #include "bridge/bridge.h"
 #include "bridge/models/qkv_layout.h"
+#include "training/checkpointing/checkpoint_strategy.h"
 #include "training/checkpointing/checkpointing.h"
 #include "training/checkpointing/saved_checkpoint.h"
 #include "utils/durable_file.h"
@@ -83,7 +84,8 @@ struct Recorded {
   std::map<std::string, torch::Tensor> final_params;
   std::vector<CheckpointInfo> loads;
   std::vector<int64_t> saves;  // on_checkpoint_save's iterations
-  bool saves_complete = true;  // every save was complete (common.pt, tracker) when on_checkpoint_save fired
+  bool saves_complete =
+      true;  // every save was complete (its format's last file, tracker) when on_checkpoint_save fired
   std::shared_ptr<StepCounter> counter = std::make_shared<StepCounter>();
   std::shared_ptr<CallbackManager> manager = std::make_shared<CallbackManager>();
   TrainState state;
@@ -125,7 +127,7 @@ Recorded train(const ConfigContainer& config, const std::function<void(CallbackM
   run.manager->register_callback(Event::kCheckpointSave, [&](CallbackContext& ctx) {
     run.saves.push_back(ctx.checkpoint->iteration);
     const fs::path root = fs::path(ctx.checkpoint->path).parent_path();
-    run.saves_complete = run.saves_complete && fs::exists(fs::path(ctx.checkpoint->path) / "common.pt") &&
+    run.saves_complete = run.saves_complete && complete_checkpoint(ctx.checkpoint->path) &&
                          read_latest_checkpointed_iteration(root.string()) == ctx.checkpoint->iteration;
   });
   run.state = pretrain(config, gpt_forward_step, run.manager);
@@ -205,6 +207,7 @@ TEST(Checkpoint, PythonTorchLoadOpensTheFiles) {
   const fs::path dir = fresh_directory("python");
   ConfigContainer config = tiny_config(2);
   config.checkpoint.save = dir.string();
+  config.checkpoint.ckpt_format = "torch";  // Megatron's legacy files (torch_dist's: TorchDistCheckpoint)
   const Recorded run = train(config);
   for (const std::string& python : kTorchPythons) {
     SCOPED_TRACE(python);
@@ -252,7 +255,7 @@ TEST(Checkpoint, RefusesToOverwriteNewerCheckpoints) {
     EXPECT_THAT(error.what(), HasSubstr("checkpoint.auto_resume=true"));
   }
   EXPECT_EQ(read_latest_checkpointed_iteration(dir.string()), 3);
-  EXPECT_TRUE(fs::exists(dir / "iter_0000003" / "common.pt"));
+  EXPECT_TRUE(fs::exists(dir / "iter_0000003" / "metadata.json"));
 }
 
 TEST(Checkpoint, PretrainedCheckpointLoadsWeightsOnly) {
@@ -286,7 +289,9 @@ TEST(Checkpoint, MostRecentKKeepsTheNewest) {
   std::vector<std::string> left;
   for (const auto& entry : fs::directory_iterator(dir)) left.push_back(entry.path().filename().string());
   std::sort(left.begin(), left.end());
-  EXPECT_EQ(left, (std::vector<std::string>{"iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt"}));
+  // latest_train_state.pt: Megatron-Bridge's copy of the newest train_state.pt (torch_dist).
+  EXPECT_EQ(left, (std::vector<std::string>{"iter_0000004", "iter_0000005", "latest_checkpointed_iteration.txt",
+                                            "latest_train_state.pt"}));
 }
 
 TEST(Checkpoint, TwoStatefulCallbacksWithOneKeyAreAnError) {
@@ -312,6 +317,7 @@ TEST(Checkpoint, OlderQkvLayoutLoadsConverted) {
   const fs::path dir = fresh_directory("older_qkv");
   ConfigContainer config = tiny_config(2);
   config.checkpoint.save = dir.string();
+  config.checkpoint.ckpt_format = "torch";  // the older layout lived in Megatron's legacy files
   train(config);
   const fs::path converted = fresh_directory("older_qkv_converted");
   fs::copy(dir, converted, fs::copy_options::recursive);
@@ -524,7 +530,8 @@ TEST(DiskFaults, LeftoversOfKilledRunsAreRemovedAtTheNextSave) {
   const fs::path dir = fresh_directory("leftovers");
   ConfigContainer config = tiny_config(2);
   config.checkpoint.save = dir.string();
-  train(config);  // tracker: 2
+  config.checkpoint.ckpt_format = "torch";  // the legacy files' leftovers (torch_dist's: the kill trials)
+  train(config);                            // tracker: 2
   // iter_0000003: a save cut short; iter_0000004: complete (a copy of 2) but never tracked; stray temporaries.
   fs::create_directories(dir / "iter_0000003" / "mp_rank_00");
   bridge::utils::write_file_durably(dir / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt.tmp", "torn");
@@ -594,6 +601,7 @@ TEST(MoECheckpoint, ExpertBiasIsSavedAndRestoredInFp32UnderBf16) {
   const Recorded straight = train(tiny_moe_config(4), record(straight_biases));
   ConfigContainer config = tiny_moe_config(2);
   config.checkpoint.save = dir.string();
+  config.checkpoint.ckpt_format = "torch";  // the legacy rank file is read back below
   train(config);
   config.train.train_iters = 4;
   const Recorded resumed = train(config, record(resumed_biases));
@@ -645,6 +653,7 @@ TEST(MoECheckpoint, AMissingOrForeignExpertIsRefusedNamingIt) {
   const fs::path dir = fresh_directory("moe_experts");
   ConfigContainer config = tiny_moe_config(1);
   config.checkpoint.save = dir.string();
+  config.checkpoint.ckpt_format = "torch";  // the legacy index (common.pt) is edited below
   train(config);
   const std::string expert3 = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight";
   const std::string expert4 = "decoder.layers.1.mlp.experts.local_experts.4.linear_fc1.weight";

@@ -218,7 +218,7 @@ struct CheckpointConfig {
   bool async_save = false;
   /// The on-disk format: "torch_dist" (Megatron-Core's distributed checkpoint: every rank writes its own shards) or
   /// "torch" (Megatron's legacy files, written by data-parallel rank 0). Loading reads either, whatever this says.
-  std::string ckpt_format = "torch";
+  std::string ckpt_format = "torch_dist";
   /// torch_dist: spread the writing of replicated tensors over the ranks holding them (Megatron-Core's fully
   /// parallel save); false: the lowest such rank writes each.
   bool fully_parallel_save = true;
