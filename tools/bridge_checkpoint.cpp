@@ -112,6 +112,13 @@ Exit status: 0 done, 1 a file damaged or missing (verify) or the conversion fail
 checkpoint.
 )";
 
+// A bad command line: the error and where the options are.
+int bad_command_line(const std::exception& error) {
+  std::fprintf(stderr, "bridge-checkpoint: error: %s\nRun bridge-checkpoint --help for the options.\n",
+               bridge::utils::describe(error).c_str());
+  return kExitBadCommandLine;
+}
+
 int run_verify(const cxxopts::ParseResult& args) {
   std::vector<fs::path> iterations;
   try {
@@ -127,9 +134,7 @@ int run_verify(const cxxopts::ParseResult& args) {
     if (args.count("iteration")) iteration = args["iteration"].as<int64_t>();
     iterations = iterations_to_verify(args["directory"].as<std::string>(), iteration, args.count("all") > 0);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bridge-checkpoint: error: %s\nRun bridge-checkpoint --help for the options.\n",
-                 bridge::utils::describe(e).c_str());
-    return kExitBadCommandLine;
+    return bad_command_line(e);
   }
   int damaged = 0, total = 0;
   for (const fs::path& directory : iterations) {
@@ -189,11 +194,7 @@ int run_convert(const cxxopts::ParseResult& args, const bridge::parallel::Launch
     if (env.rank == 0) std::fprintf(stderr, "bridge-checkpoint: error: %s\n", bridge::utils::describe(e).c_str());
     return kExitDamaged;
   } catch (const std::exception& e) {
-    if (env.rank == 0) {
-      std::fprintf(stderr, "bridge-checkpoint: error: %s\nRun bridge-checkpoint --help for the options.\n",
-                   bridge::utils::describe(e).c_str());
-    }
-    return kExitBadCommandLine;
+    return env.rank == 0 ? bad_command_line(e) : kExitBadCommandLine;
   }
   try {
     convert_checkpoint(plan);
@@ -231,11 +232,7 @@ int main(int argc, char** argv) {
                                                   : "unknown command '" + command + "': verify or convert");
     }
   } catch (const std::exception& e) {
-    if (env.rank == 0) {
-      std::fprintf(stderr, "bridge-checkpoint: error: %s\nRun bridge-checkpoint --help for the options.\n",
-                   bridge::utils::describe(e).c_str());
-    }
-    return kExitBadCommandLine;
+    return env.rank == 0 ? bad_command_line(e) : kExitBadCommandLine;
   }
   return command == "verify" ? run_verify(*args) : run_convert(*args, env);
 }
