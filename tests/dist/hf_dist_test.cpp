@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <set>
@@ -566,6 +567,45 @@ TEST_F(HuggingFace, MoeReadsFusedExpertsAndOnlyTheExpertsWanted) {
   fs::remove_all(out);
 }
 
+// checkpoint.also_save_hf_checkpoint's copies in `ckpt` (iterations 2 and 3 kept of 1..3): whole (no hf.partial)
+// and gone with their iterations; the newest holds, file for file and byte for byte, what bridge-export writes from
+// the same checkpoint (config.json, model.safetensors, generation_config.json and the source's tokenizer), which
+// HuggingFaceExport.TrainedAtTp2ExportsToWhatTransformersLoads/llama loads in transformers with bridge's logits (a
+// transformers start here would cost 7 s).
+void expect_hf_checkpoints(const fs::path& ckpt, const fs::path& out) {
+  EXPECT_FALSE(fs::exists(ckpt / "iter_0000001")) << "most_recent_k kept the oldest";
+  for (const char* iteration : {"iter_0000002", "iter_0000003"}) {
+    EXPECT_TRUE(fs::is_regular_file(ckpt / iteration / "hf" / "config.json")) << iteration;
+    EXPECT_FALSE(fs::exists(ckpt / iteration / "hf.partial")) << iteration;
+  }
+  const fs::path hf = ckpt / "iter_0000003" / "hf";
+  const fs::path exported = out / "exported_iter3";
+  const auto exporting = run_command({BRIDGE_EXPORT, "--checkpoint", ckpt.string(), "--hf-dir", exported.string()},
+                                     std::chrono::seconds(120));
+  ASSERT_EQ(exporting.exit_code, 0) << exporting.output;
+  const auto read_text = [](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::map<std::string, std::string> ours, theirs;
+  for (const auto& entry : fs::directory_iterator(hf)) ours[entry.path().filename().string()] = read_text(entry);
+  for (const auto& entry : fs::directory_iterator(exported))
+    theirs[entry.path().filename().string()] = read_text(entry);
+  std::set<std::string> names;
+  for (const auto& entry : ours) names.insert(entry.first);
+  EXPECT_THAT(names, ::testing::ElementsAre("config.json", "generation_config.json", "model.safetensors",
+                                            "tokenizer.json", "tokenizer_config.json"));
+  for (const auto& [name, bytes] : theirs) {
+    ASSERT_EQ(ours.count(name), 1u) << name << " is missing from " << hf;
+    EXPECT_TRUE(ours.at(name) == bytes) << name << " differs from bridge-export's";
+  }
+  // The trained weights, not the source's: the step moved them.
+  const auto trained = bridge::utils::read_safetensors(hf / "model.safetensors").tensors;
+  const auto source = bridge::utils::read_safetensors(reference("llama").hf / "model.safetensors").tensors;
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  EXPECT_GT(max_difference(trained.at(name), source.at(name)), 1e-5) << name;
+}
+
 // bridge-pretrain with hf:<dir> takes the model from config.json (AutoBridge): the embedded recipe's GPT sizes give
 // way with no model.* given, and a model.* the user gives that disagrees is an error (exit 2, before any rank
 // starts) naming both values.
@@ -582,11 +622,18 @@ TEST_F(HuggingFace, PretrainTakesTheModelFromConfigJson) {
         "share_embeddings_and_output_weights: false", "vocab_size: 301", "hidden_size: 64", "ffn_hidden_size: 96"}) {
     EXPECT_THAT(printed.output, HasSubstr(line));
   }
-  const auto trained = run_command({BRIDGE_PRETRAIN, source, "model.seq_length=32", "train.train_iters=2",
-                                    "train.eval_iters=0", "checkpoint.save=" + (out / "ckpt").string()},
-                                   std::chrono::seconds(300));
-  EXPECT_EQ(trained.exit_code, 0) << trained.output;
-  EXPECT_THAT(trained.output, HasSubstr("loading the weights of the Hugging Face model"));
+  // Two ranks at tp2 saving every step (asynchronously), keeping the newest two, each with its Hugging Face copy
+  // (checkpoint.also_save_hf_checkpoint), written by the last rank on a thread from the committed checkpoint.
+  const fs::path ckpt = out / "ckpt";
+  const auto trained = run_ranks(
+      BRIDGE_PRETRAIN,
+      {source, "model.seq_length=32", "train.train_iters=3", "train.eval_iters=0",
+       "parallelism.tensor_model_parallel_size=2", "checkpoint.save=" + ckpt.string(), "checkpoint.save_interval=1",
+       "checkpoint.most_recent_k=2", "checkpoint.async_save=true", "checkpoint.also_save_hf_checkpoint=true"},
+      2, std::chrono::seconds(300));
+  expect_all_ok(trained, "");
+  EXPECT_THAT(trained.at(0).output, HasSubstr("loading the weights of the Hugging Face model"));
+  expect_hf_checkpoints(ckpt, out);
   const auto disagreeing = run_command({BRIDGE_PRETRAIN, source, "model.hidden_size=128", "model.num_query_groups=2"},
                                        std::chrono::seconds(120));
   EXPECT_EQ(disagreeing.exit_code, 2) << disagreeing.output;

@@ -1,5 +1,6 @@
 // save_checkpoint: the directory layout, the tracker, the tensor index in common.pt, leftovers of killed runs and
-// most_recent_k, synchronously or on a thread; and what save and load share (checkpointing_internal.h).
+// most_recent_k, synchronously or on a thread, then checkpoint.also_save_hf_checkpoint's hf/ on a thread
+// (hf_checkpoint.h); and what save and load share (checkpointing_internal.h).
 #include "training/checkpointing/checkpointing.h"
 
 #include <cctype>
@@ -21,6 +22,7 @@
 #include "training/checkpointing/checkpoint_state.h"
 #include "training/checkpointing/checkpoint_strategy.h"
 #include "training/checkpointing/checkpointing_internal.h"
+#include "training/checkpointing/hf_checkpoint.h"
 #include "utils/durable_file.h"
 #include "utils/exception_message.h"
 #include "utils/logging.h"
@@ -144,6 +146,7 @@ void remove_interrupted_saves(const fs::path& root) {
       remove_leftover(directory, "a save interrupted before " + std::string(kTracker) + " named it");
     } else {
       // A kept checkpoint: only its temporary files go (nothing else under checkpoint.save is bridge's to remove).
+      remove_interrupted_hf_write(directory);
       error.clear();
       for (auto it = fs::recursive_directory_iterator(directory, error);
            !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
@@ -187,8 +190,10 @@ struct PendingCheckpoint {
   fs::path directory;
   std::string what;  // "saving checkpoint iteration 7 under <dir>", for errors
   std::chrono::steady_clock::time_point started;
-  std::unique_ptr<PendingSave> save;  // the format's snapshot and commit
-  std::future<std::string> written;   // this rank's files: deferred (sync) or on a thread (async_save)
+  std::unique_ptr<PendingSave> save;      // the format's snapshot and commit
+  std::future<std::string> written;       // this rank's files: deferred (sync) or on a thread (async_save)
+  bool committed = false;                 // the tracker names it; only `hf` may be left
+  std::unique_ptr<HfCheckpointWrite> hf;  // checkpoint.also_save_hf_checkpoint's hf/, after the commit
 };
 
 namespace {
@@ -197,6 +202,64 @@ namespace {
 std::string failed_save(const std::string& what, const std::exception& error) {
   return in_context(what, bridge::utils::describe(error)) + ". " + kTracker +
          " still names the previous complete checkpoint; check that checkpoint.save is writable and has space.";
+}
+
+// Whether every rank's `done` holds (one small collective).
+bool done_everywhere(bool done) {
+  torch::Tensor unfinished = torch::tensor({done ? 0L : 1L}, torch::kLong);
+  parallel::get_world_group().all_reduce(unfinished);
+  return unfinished.item<int64_t>() == 0;
+}
+
+void finish_hf_checkpoint(PretrainSetup& setup, bool blocking) {
+  PendingCheckpoint& pending = *setup.pending_checkpoint;
+  if (!blocking && !done_everywhere(pending.hf->done())) return;
+  const std::shared_ptr<PendingCheckpoint> finished = std::move(setup.pending_checkpoint);
+  // The writer's failure fails the run here, on every rank at once (the checkpoint itself stays complete).
+  on_every_rank(
+      "checkpoint.also_save_hf_checkpoint: writing " + (finished->directory / kHfCheckpointDirectory).string(),
+      [&] { finished->hf->wait(); });
+}
+
+void commit_checkpoint(PretrainSetup& setup, bool blocking) {
+  parallel::ProcessGroup& world = parallel::get_world_group();
+  // common.pt may only name files that every rank has finished writing.
+  if (!blocking && !done_everywhere(setup.pending_checkpoint->written.wait_for(std::chrono::seconds(0)) !=
+                                    std::future_status::timeout)) {
+    return;
+  }
+  const std::shared_ptr<PendingCheckpoint> pending = std::move(setup.pending_checkpoint);
+  std::string written;
+  try {
+    on_every_rank(pending->what, [&] { written = pending->written.get(); });
+  } catch (const std::exception& error) {
+    throw std::runtime_error(failed_save(pending->what, error));
+  }
+  const std::vector<std::string> every_rank = parallel::all_gather_strings(world, written);
+  on_every_rank(pending->what, [&] {
+    if (parallel::get_rank() != 0) return;
+    try {
+      pending->save->commit(every_rank);
+    } catch (const std::exception& error) {
+      throw std::runtime_error(failed_save(pending->what, error));
+    }
+    bridge::utils::write_file_durably(pending->root / kTracker, std::to_string(pending->iteration) + "\n");
+    delete_old_checkpoints(pending->root, pending->iteration, setup.config.checkpoint.most_recent_k);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - pending->started;
+    bridge::utils::logger().info("saved checkpoint iteration {} to {} ({:.2f} s)", pending->iteration,
+                                 pending->directory.string(), took.count());
+  });
+  setup.fire(Event::kCheckpointSave, [&](CallbackContext& ctx) {
+    ctx.optimizer = setup.optimizer.get();  // no scheduler here, as in Megatron-Bridge
+    ctx.checkpoint = CheckpointInfo{pending->directory.string(), pending->iteration};
+  });
+  if (setup.config.checkpoint.also_save_hf_checkpoint) {
+    // From the committed files, which every rank now knows are complete; the pending save stays until it is written.
+    pending->committed = true;
+    pending->hf = std::make_unique<HfCheckpointWrite>(pending->directory,
+                                                      parallel::get_rank() == hf_checkpoint_writer_rank(world.size()));
+    setup.pending_checkpoint = pending;
+  }
 }
 
 }  // namespace
@@ -231,46 +294,13 @@ std::string save_checkpoint(PretrainSetup& setup) {
   const std::string directory = pending->directory.string();
   setup.last_saved_step = pending->iteration;
   setup.pending_checkpoint = std::move(pending);
-  if (!async) finalize_checkpoint_save(setup, /*blocking=*/true);
+  if (!async) commit_checkpoint(setup, /*blocking=*/true);  // the hf/ write (if any) goes on
   return directory;
 }
 
 void finalize_checkpoint_save(PretrainSetup& setup, bool blocking) {
-  if (!setup.pending_checkpoint) return;
-  parallel::ProcessGroup& world = parallel::get_world_group();
-  if (!blocking) {
-    // common.pt may only name files that every rank has finished writing.
-    const bool done =
-        setup.pending_checkpoint->written.wait_for(std::chrono::seconds(0)) != std::future_status::timeout;
-    torch::Tensor unfinished = torch::tensor({done ? 0L : 1L}, torch::kLong);
-    world.all_reduce(unfinished);
-    if (unfinished.item<int64_t>() > 0) return;
-  }
-  const std::shared_ptr<PendingCheckpoint> pending = std::move(setup.pending_checkpoint);
-  std::string written;
-  try {
-    on_every_rank(pending->what, [&] { written = pending->written.get(); });
-  } catch (const std::exception& error) {
-    throw std::runtime_error(failed_save(pending->what, error));
-  }
-  const std::vector<std::string> every_rank = parallel::all_gather_strings(world, written);
-  on_every_rank(pending->what, [&] {
-    if (parallel::get_rank() != 0) return;
-    try {
-      pending->save->commit(every_rank);
-    } catch (const std::exception& error) {
-      throw std::runtime_error(failed_save(pending->what, error));
-    }
-    bridge::utils::write_file_durably(pending->root / kTracker, std::to_string(pending->iteration) + "\n");
-    delete_old_checkpoints(pending->root, pending->iteration, setup.config.checkpoint.most_recent_k);
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - pending->started;
-    bridge::utils::logger().info("saved checkpoint iteration {} to {} ({:.2f} s)", pending->iteration,
-                                 pending->directory.string(), took.count());
-  });
-  setup.fire(Event::kCheckpointSave, [&](CallbackContext& ctx) {
-    ctx.optimizer = setup.optimizer.get();  // no scheduler here, as in Megatron-Bridge
-    ctx.checkpoint = CheckpointInfo{pending->directory.string(), pending->iteration};
-  });
+  if (setup.pending_checkpoint && !setup.pending_checkpoint->committed) commit_checkpoint(setup, blocking);
+  if (setup.pending_checkpoint && setup.pending_checkpoint->committed) finish_hf_checkpoint(setup, blocking);
 }
 
 }  // namespace bridge::training

@@ -30,9 +30,11 @@ std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& dir
 /// finalize_checkpoint_save (a previous pending save is finalised first). Returns the iteration's directory.
 std::string save_checkpoint(PretrainSetup& setup);
 
-/// Completes a pending asynchronous save once every rank has written its file: rank 0 writes common.pt and the
-/// tracker, then on_checkpoint_save fires. Non-blocking (one small collective while a save is pending), it returns
-/// at once when some rank is still writing; blocking, it waits. Collective: every rank calls it at the same point.
+/// Completes a pending asynchronous save once every rank has written its file: rank 0 writes the index and the
+/// tracker, then on_checkpoint_save fires; then checkpoint.also_save_hf_checkpoint's hf/ write (hf_checkpoint.h),
+/// whose failure throws here on every rank. Non-blocking (one small collective while a save or an hf/ write is
+/// pending), it returns at once when some rank is still writing; blocking, it waits for both. Collective: every rank
+/// calls it at the same point.
 void finalize_checkpoint_save(PretrainSetup& setup, bool blocking);
 
 /// What load_checkpoint did.
