@@ -1,5 +1,6 @@
 // run_pretrain: setup (world, parallel groups, model, optimizer, scheduler, data) and the top level of a run:
-// training, post-training validation and test, and on_exception when anything fails.
+// training, post-training validation and test, and on_exception when anything fails; with_loaded_run, the same setup
+// up to the loaded checkpoint, for tools.
 #include "training/pretrain.h"
 
 #include <algorithm>
@@ -145,8 +146,8 @@ OptimizerParamSchedulerOptions scheduler_options(const ConfigContainer& config) 
   return options;
 }
 
-// Model, data-parallel wrappers, optimizer and scheduler, then on_data_init_start, then the data.
-void build(PretrainSetup& setup) {
+// Model, data-parallel wrappers, optimizer and scheduler: what a checkpoint holds.
+void build_model_and_optimizer(PretrainSetup& setup) {
   const ConfigContainer& config = setup.config;
   setup.world_size = parallel::get_world_size();
   setup.data_parallel_size = parallel::get_data_parallel_world_size();
@@ -197,6 +198,12 @@ void build(PretrainSetup& setup) {
     setup.optimizer = build_optimizer(config.optimizer, setup.params);
   }
   setup.scheduler = std::make_unique<OptimizerParamScheduler>(*setup.optimizer, scheduler_options(config));
+}
+
+// The model and optimizer, the metric writers, the checkpoint, then on_data_init_start, then the data.
+void build(PretrainSetup& setup) {
+  const ConfigContainer& config = setup.config;
+  build_model_and_optimizer(setup);
   setup.logger = std::make_unique<TrainingLogger>(setup);
 
   // As Megatron-Bridge: a resumed run's RNG streams are kept from on_data_init_start's warm-ups (which may draw).
@@ -259,11 +266,13 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
   }
 }
 
-}  // namespace
-
-TrainState run_pretrain(const ConfigContainer& user_config, ForwardStepFn step_fn,
-                        std::shared_ptr<CallbackManager> callbacks) {
-  if (!step_fn) throw std::invalid_argument("pretrain: step_fn is empty; pass gpt_forward_step or your own");
+// What every run of this file does around `body`: the config as the tokenizer resolves it, the world (from the
+// launcher unless the caller started one) and the parallel groups, the preflight and the seeds, a PretrainSetup with
+// the callbacks (the caller's, then the recipe's for this run only); on a failure, on_exception and the release of
+// the groups. Returns what `body` returns.
+template <class Body>
+auto in_run(const ConfigContainer& user_config, ForwardStepFn step_fn, std::shared_ptr<CallbackManager> callbacks,
+            Body&& body) {
   // The tokenizer decides the vocabulary and the EOD id before anything is sized by them.
   ConfigContainer config = user_config;
   setup_tokenizer(config);
@@ -300,36 +309,60 @@ TrainState run_pretrain(const ConfigContainer& user_config, ForwardStepFn step_f
   if (setup->callbacks) setup->callbacks->set_rank(parallel::get_rank(), parallel::get_world_size());
   setup->step_fn = std::move(step_fn);
   setup->started = std::chrono::steady_clock::now();
-  if (config.train.exit_signal_handler) setup->exit_signals = std::make_unique<bridge::utils::ExitSignalHandler>();
   try {
-    build(*setup);
-    const bool exited = setup->state.train_state.do_train && train(*setup) == ControlOutcome::kExit;
-    // Signals are acted on at step boundaries only: after the last one, SIGTERM and SIGINT end the process again
-    // (the final checkpoint is on disk), rather than being recorded with nobody to look.
-    setup->exit_signals.reset();
-    if (exited) {
-      // Requests made since the exit's agreement (say, in on_checkpoint_save) are dropped, not left in the manager
-      // for the next run that reuses it.
-      for (const ControlRequest& request : setup->control().take()) {
-        bridge::utils::logger().warn("exiting: dropped the request of '{}' to {}: {}", request.callback,
-                                     to_string(request.action), request.reason);
-      }
-    } else {
-      if (setup->state.train_state.do_valid) evaluate(*setup, /*is_test=*/false, /*after_training=*/true);
-      if (setup->state.train_state.do_test) evaluate(*setup, /*is_test=*/true, /*after_training=*/true);
-      // Requests made after the last step (on_train_end, the final save, evaluation) are acted on too, and none is
-      // left behind for the next run that reuses this manager.
-      act_on_control_requests(*setup, /*training=*/false);
-      finalize_checkpoint_save(*setup, /*blocking=*/true);
-    }
-    if (setup->callbacks) setup->callbacks->flush_observers();
+    return body(*setup);
   } catch (...) {
     report_exception(*setup, std::current_exception());
     if (setup->callbacks) setup->callbacks->flush_observers(std::chrono::seconds(2));  // what they have, briefly
     if (!std::exchange(failure_agreed, false)) scope.tear_down_on_exit();
     throw;
   }
-  return setup->state.train_state;
+}
+
+}  // namespace
+
+TrainState run_pretrain(const ConfigContainer& user_config, ForwardStepFn step_fn,
+                        std::shared_ptr<CallbackManager> callbacks) {
+  if (!step_fn) throw std::invalid_argument("pretrain: step_fn is empty; pass gpt_forward_step or your own");
+  return in_run(user_config, std::move(step_fn), std::move(callbacks), [](PretrainSetup& setup) {
+    if (setup.config.train.exit_signal_handler) {
+      setup.exit_signals = std::make_unique<bridge::utils::ExitSignalHandler>();
+    }
+    build(setup);
+    const bool exited = setup.state.train_state.do_train && train(setup) == ControlOutcome::kExit;
+    // Signals are acted on at step boundaries only: after the last one, SIGTERM and SIGINT end the process again
+    // (the final checkpoint is on disk), rather than being recorded with nobody to look.
+    setup.exit_signals.reset();
+    if (exited) {
+      // Requests made since the exit's agreement (say, in on_checkpoint_save) are dropped, not left in the manager
+      // for the next run that reuses it.
+      for (const ControlRequest& request : setup.control().take()) {
+        bridge::utils::logger().warn("exiting: dropped the request of '{}' to {}: {}", request.callback,
+                                     to_string(request.action), request.reason);
+      }
+    } else {
+      if (setup.state.train_state.do_valid) evaluate(setup, /*is_test=*/false, /*after_training=*/true);
+      if (setup.state.train_state.do_test) evaluate(setup, /*is_test=*/true, /*after_training=*/true);
+      // Requests made after the last step (on_train_end, the final save, evaluation) are acted on too, and none is
+      // left behind for the next run that reuses this manager.
+      act_on_control_requests(setup, /*training=*/false);
+      finalize_checkpoint_save(setup, /*blocking=*/true);
+    }
+    if (setup.callbacks) setup.callbacks->flush_observers();
+    return setup.state.train_state;
+  });
+}
+
+void with_loaded_run(const ConfigContainer& config, std::shared_ptr<CallbackManager> callbacks,
+                     const std::function<void(PretrainSetup&)>& work) {
+  in_run(config, ForwardStepFn(), std::move(callbacks), [&work](PretrainSetup& setup) {
+    build_model_and_optimizer(setup);
+    load_checkpoint(setup);
+    work(setup);
+    finalize_checkpoint_save(setup, /*blocking=*/true);
+    if (setup.callbacks) setup.callbacks->flush_observers();
+    return 0;
+  });
 }
 
 void note_agreed_failure() { failure_agreed = true; }

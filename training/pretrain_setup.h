@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -141,5 +142,13 @@ ControlOutcome act_on_control(PretrainSetup& setup, const AgreedControl& control
 
 /// Agrees with every rank on the control requests made since the last agreement (one collective) and acts on them.
 ControlOutcome act_on_control_requests(PretrainSetup& setup, bool training);
+
+/// A run's whole state without training it, for tools that work on it (bridge-checkpoint convert): the world, groups,
+/// model, optimizer and scheduler as pretrain() sets them up (config.callbacks and `callbacks` included), then the
+/// checkpoint config.checkpoint names loaded; no metric writers, no on_data_init_start, no data, no step. `work` runs
+/// on it, then a pending save is finalised; the world and groups this started are released. Collective, as
+/// pretrain(); a failure throws on every rank (after on_exception).
+void with_loaded_run(const ConfigContainer& config, std::shared_ptr<CallbackManager> callbacks,
+                     const std::function<void(PretrainSetup&)>& work);
 
 }  // namespace bridge::training

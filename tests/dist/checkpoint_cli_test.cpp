@@ -5,6 +5,7 @@
 // C++ backtrace; a checkpoint.load that does not exist exits 2; all in Megatron's legacy files (torch_dist's damage:
 // checkpoint_test). An MoE checkpoint of two expert-parallel ranks: verify
 // checks both rank files, bridge-export gathers every expert, and damage in expert-parallel rank 1's file is named.
+// bridge-checkpoint convert: torch -> torch_dist -> torch, each resumed bit-exact (CheckpointConvert).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -284,6 +285,77 @@ TEST_F(DamagedCheckpoint, AnExpertParallelCheckpointIsVerifiedAndExportedWhole) 
   EXPECT_EQ(refused[1].exit_code, 1) << describe(refused);
   EXPECT_THAT(refused[1].output, HasSubstr(theirs.string() + " is damaged"));
   EXPECT_EQ(tracker(save()), "10");
+}
+
+// bridge-checkpoint convert, one process each: a legacy (torch) save converted to torch_dist, that converted back to
+// torch; both verify, and a run resumed from either trains on with the uninterrupted run's losses bit for bit (dropout
+// on, so the RNG streams must come through too). Converting into an iteration the destination holds exits 2.
+class CheckpointConvert : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("bridge_convert_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A small model on mock data, dropout on; six iterations in all.
+  RankResult pretrain(std::vector<std::string> extra) const {
+    std::vector<std::string> argv = {kPretrain,
+                                     "model.num_layers=2",
+                                     "model.hidden_size=32",
+                                     "model.hidden_dropout=0.1",
+                                     "model.attention_dropout=0.1",
+                                     "dataset.data_path=[]",
+                                     "train.train_iters=6",
+                                     "train.eval_interval=0",
+                                     "logging.log_interval=1",
+                                     "train.num_threads=1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_command(argv, kDeadline);
+  }
+  RankResult checkpoint(std::vector<std::string> args) const {
+    args.insert(args.begin(), kCheckpoint);
+    return run_command(args, kDeadline);
+  }
+
+  fs::path root_;
+};
+
+TEST_F(CheckpointConvert, BothWaysResumesBitExact) {
+  const fs::path legacy = root_ / "legacy", dist = root_ / "dist", back = root_ / "back";
+  const RankResult first =
+      pretrain({"checkpoint.save=" + legacy.string(), "checkpoint.save_interval=3", "checkpoint.ckpt_format=torch"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::map<int, std::string> expected = losses(first.output);
+  ASSERT_EQ(expected.size(), 6U) << first.output;
+
+  const RankResult to_dist =
+      checkpoint({"convert", legacy.string(), dist.string(), "--to", "torch_dist", "--iteration", "3"});
+  ASSERT_EQ(to_dist.exit_code, 0) << to_dist.output;
+  EXPECT_TRUE(fs::exists(dist / "iter_0000003" / ".metadata")) << to_dist.output;
+  EXPECT_EQ(tracker(dist), "3");
+  const RankResult to_torch = checkpoint({"convert", dist.string(), back.string(), "--to", "torch"});
+  ASSERT_EQ(to_torch.exit_code, 0) << to_torch.output;
+  EXPECT_TRUE(fs::exists(back / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt")) << to_torch.output;
+  EXPECT_EQ(tracker(legacy), "6");  // the source untouched
+
+  const RankResult again =
+      checkpoint({"convert", legacy.string(), dist.string(), "--to", "torch_dist", "--iteration", "3"});
+  EXPECT_EQ(again.exit_code, 2) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("already holds " + (dist / "iter_0000003").string()));
+
+  for (const fs::path& converted : {dist, back}) {
+    const RankResult verified = checkpoint({"verify", converted.string()});
+    EXPECT_EQ(verified.exit_code, 0) << verified.output;
+    const RankResult resumed = pretrain({"checkpoint.load=" + converted.string()});
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_THAT(resumed.output, Not(HasSubstr("start from rng.seed")));
+    const std::map<int, std::string> resumed_losses = losses(resumed.output);
+    ASSERT_EQ(resumed_losses.size(), 3U) << resumed.output;  // iterations 4..6
+    for (int iteration = 4; iteration <= 6; ++iteration) {
+      EXPECT_EQ(resumed_losses.at(iteration), expected.at(iteration)) << converted << " iteration " << iteration;
+    }
+  }
 }
 
 }  // namespace

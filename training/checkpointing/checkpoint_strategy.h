@@ -68,6 +68,10 @@ class CheckpointStrategy {
                     const std::vector<std::string>& gathered_names, const std::vector<CheckpointParam>& params,
                     const LoadOptions& options, CheckpointRead& out) const = 0;
 
+  /// Outside a run (bridge-checkpoint convert): the state rank 0 saved for every layout, checked against its checksums:
+  /// the config as YAML ("config"), the counters, the callbacks' state ("callbacks") and user_state. Missing or
+  /// damaged: utils::DamagedFileError.
+  virtual c10::impl::GenericDict read_common(const std::filesystem::path& directory) const = 0;
   /// Outside a run (bridge-export, bridge-checkpoint): the config and every model weight of the checkpoint in the
   /// iteration directory `directory`, whole (saved.iteration and saved.path are the caller's).
   virtual void read_weights(const std::filesystem::path& directory, SavedWeights& saved) const = 0;

@@ -485,6 +485,14 @@ class TorchDistStrategy : public CheckpointStrategy {
 
   // Each saved tensor whole, split back into bridge's per-layer and per-expert names; the fp32 main values where the
   // checkpoint has them (mixed precision), else the model's.
+  GenericDict read_common(const fs::path& directory) const override {
+    if (!fs::exists(directory / dcp::kMetadataFile)) {
+      throw DamagedFileError((directory / dcp::kMetadataFile).string() +
+                             " is missing: not a complete torch_dist checkpoint");
+    }
+    return read_common(dcp::Reader(directory));
+  }
+
   void read_weights(const fs::path& directory, SavedWeights& saved) const override {
     if (!fs::exists(directory / dcp::kMetadataFile)) {
       throw std::runtime_error((directory / dcp::kMetadataFile).string() +

@@ -247,9 +247,19 @@ class TorchStrategy : public CheckpointStrategy {
 
   // common.pt's index names the files holding each tensor; each file's shard metadata places its slice in the
   // global tensor.
+  GenericDict read_common(const fs::path& root) const override {
+    const fs::path path = root / detail::kCommon;
+    if (!fs::exists(path)) {
+      throw DamagedFileError(path.string() +
+                             " is missing: the save of this iteration did not complete, or the copy "
+                             "is partial");
+    }
+    return read_saved_dict(path);
+  }
+
   void read_weights(const fs::path& root, SavedWeights& saved) const override {
-    const std::string common_path = (root / "common.pt").string();
-    const GenericDict common = read_saved_dict(common_path);
+    const std::string common_path = (root / detail::kCommon).string();
+    const GenericDict common = read_common(root);
     saved.config = load_config_yaml_string(checkpoint_field(common, "config", common_path).toStringRef(),
                                            common_path + " (its config)");
     std::map<std::string, GenericDict> files;
