@@ -23,7 +23,8 @@
 //       their values: an expert-parallel rank whose experts were not saved fails. Besides apply_switches' switches,
 //       +expert_bias: sigmoid routing with Megatron-Core's auxiliary-loss-free expert bias (a buffer moved every step),
 //       and +etp2: expert_tensor_parallel_size 2 (at tp 1, each expert split over ranks that share the dense tp rank),
-//       and +torch_dist: checkpoint.ckpt_format torch_dist (every rank writes its own DCP file).
+//       and +torch_dist: checkpoint.ckpt_format torch_dist (every rank writes its own DCP file); +fully_reshardable:
+//       checkpoint.dist_ckpt_optim_fully_reshardable (the distributed optimizer's state in model space).
 //       train.exit_signal_handler is on: once training has started, each rank writes its process id to
 //       <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
@@ -467,6 +468,11 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   if (const std::size_t at = block.find(kEtp2); at != std::string::npos) {
     block.erase(at, kEtp2.size());
     config.parallelism.expert_tensor_parallel_size = 2;
+  }
+  const std::string kFullyReshardable = "+fully_reshardable";  // the distributed optimizer's state in model space
+  if (const std::size_t at = block.find(kFullyReshardable); at != std::string::npos) {
+    block.erase(at, kFullyReshardable.size());
+    config.checkpoint.dist_ckpt_optim_fully_reshardable = true;
   }
   const std::string kTorchDist = "+torch_dist";  // save in Megatron-Core's distributed checkpoint format
   if (const std::size_t at = block.find(kTorchDist); at != std::string::npos) {
