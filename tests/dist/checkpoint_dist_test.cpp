@@ -32,6 +32,7 @@
 #include "tests/dist/spawn.h"
 #include "training/checkpointing/saved_checkpoint.h"
 #include "training/checkpointing/sharded_state_dict.h"
+#include "utils/dcp.h"
 #include "utils/safetensors.h"
 
 namespace bridge::testing {
@@ -375,11 +376,13 @@ TEST(MoECheckpointResume, AMissingExpertParallelRankFileIsRefusedNamingIt) {
 
 // checkpoint.ckpt_format torch_dist (Megatron-Core's distributed checkpoint) over real ranks, in one test to keep CI's
 // cost small. A tp2 x dp2 run of the Llama block with the distributed optimizer: every rank writes its own
-// __<rank>_0.distcp (replicated chunks spread over their holders, each rank's optimizer shard saved where it lies), the
-// run resumes bit for bit, and the checkpoint resumes at tp1 x pp1 (plain optimizer) and at pp2 x 2 chunks to fp32
-// round-off. Python's torch.distributed.checkpoint loads it, and every weight it reads, split back into bridge's names,
-// equals the legacy format's save of the same (deterministic) run: the legacy reader shares no code with the DCP
-// writer. An MoE ep2 run in bf16 with the distributed optimizer and the fp32 expert_bias resumes bit for bit.
+// __<rank>_0.distcp (replicated chunks spread over their holders, each rank's optimizer shard saved where it lies as
+// Megatron-Core's dp_reshardable 1-D bucket chunks), the run resumes bit for bit and at tp2 x dp1 to fp32 round-off,
+// a tp1 resume is refused naming the fix, and the same run saved with dist_ckpt_optim_fully_reshardable resumes at
+// tp1 x pp1 (plain optimizer) and at pp2 x 2 chunks to fp32 round-off. Python's torch.distributed.checkpoint loads it,
+// and every weight it reads, split back into bridge's names, equals the legacy format's save of the same
+// (deterministic) run: the legacy reader shares no code with the DCP writer. An MoE ep2 run in bf16 with the
+// distributed optimizer and the fp32 expert_bias resumes bit for bit.
 TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython) {
   const fs::path saved = fresh_directory("torch_dist_save"), legacy = fresh_directory("torch_dist_legacy");
   // The Llama block: its SwiGLU fc1 is two chunks per tensor-parallel rank ([gate; up]), its QKV grouped.
@@ -409,11 +412,26 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
       run_command({BRIDGE_TOOLS_PYTHON, BRIDGE_READ_TORCH_DIST, iteration.string(), from_python.string()},
                   std::chrono::seconds(120));
   ASSERT_EQ(python.exit_code, 0) << python.output;
-  // Its index lists the common state, each tensor-parallel rank's RNG object and the optimizer's state in model space.
-  for (const char* item : {"\"common_state/shard_0_1\"", "\"rng_state/shard_0.0_1.2\"", "\"rng_state/shard_0.1_1.2\"",
-                           "\"optimizer.state.exp_avg_sq.decoder.layers.self_attention.linear_qkv.weight\""}) {
+  // Its index lists the common state, each tensor-parallel rank's RNG object and the distributed optimizer's buckets
+  // (dp_reshardable, Megatron-Core's default): per tensor-parallel rank (dp_group_idx) 1-D tensors and the objects.
+  const std::string bucket = "optimizer.distributed.dp_group_idx_1.gbuf_idx_0.dtype_(torch.float32, torch.float32)";
+  for (const std::string& item :
+       {std::string("\"common_state/shard_0_1\""), std::string("\"rng_state/shard_0.0_1.2\""),
+        std::string("\"rng_state/shard_0.1_1.2\""), "\"" + bucket + ".bucket_idx_0.exp_avg_sq\"",
+        std::string("\"optimizer.distributed.dp_group_idx_0.per_bucket_numel_unpadded/shard_0_1\"")}) {
     EXPECT_THAT(python.output, ::testing::HasSubstr(item));
   }
+  const utils::dcp::Reader index(iteration);
+  int buckets = 0;
+  for (const auto& [key, info] : index.tensors()) {
+    if (key.rfind("optimizer.", 0) != 0) continue;
+    EXPECT_NE(key.find(".bucket_idx_"), std::string::npos) << key << ": the optimizer's state in model space";
+    EXPECT_EQ(info.global_shape.size(), 1u) << key;
+    EXPECT_GE(info.chunks.size(), 2u) << key << ": one chunk per parameter slice of each data-parallel rank";
+    ++buckets;
+  }
+  EXPECT_TRUE(buckets > 0 && buckets % (2 * 3) == 0)
+      << buckets << " tensors: param, exp_avg and exp_avg_sq of each bucket of both tensor-parallel ranks";
   const training::SavedWeights reference = training::load_saved_weights(legacy.string());
   const training::ShardedKeyOptions options = training::ShardedKeyOptions::from(reference.config.model);
   std::set<std::string> compared;
@@ -436,15 +454,32 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
   EXPECT_EQ(compared, legacy_names) << "Python's tensors cover other weights than the legacy checkpoint";
   fs::remove(from_python);
 
+  // dp_reshardable resumes at another data-parallel size (each rank reading its pieces' ranges from the other
+  // size's chunks), and refuses another tensor-parallel size, naming it and the fix.
+  expect_follows(run("torch_dist_tp2dp1", 2, 2, 1, 0, kSteps, "", saved.string(), block), straight, 2e-5, "tp2 x dp1");
+  const fs::path refused = fresh_directory("torch_dist_refused");
+  for (const RankResult& result : run_ranks(kWorker, worker_args(refused, 1, 1, 0, kSteps, "", saved.string(), "llama"),
+                                            1, std::chrono::seconds(240))) {
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    EXPECT_THAT(result.output, ::testing::HasSubstr("tensor_model_parallel_size 2 (this run: 1)"));
+    EXPECT_THAT(result.output, ::testing::HasSubstr("checkpoint.dist_ckpt_optim_fully_reshardable=true"));
+  }
+  fs::remove_all(refused);
+  // Saved in model space (fully_reshardable) the same state reshards to tp1 and pp2 x 2 chunks.
+  const fs::path reshardable = fresh_directory("torch_dist_fully_reshardable");
+  expect_follows(
+      run("torch_dist_fr_first", 4, 2, 1, 0, kSteps / 2, reshardable.string(), "", block + "+fully_reshardable"),
+      straight, 0.0, "the fully_reshardable save");
   struct Layout {
     const char* name;
     int world, tp, pp, vpp;
   };
   for (const Layout& layout : {Layout{"tp1pp1", 1, 1, 1, 0}, Layout{"pp2vpp2", 2, 1, 2, 2}}) {
     const Record resumed = run(std::string("torch_dist_") + layout.name, layout.world, layout.tp, layout.pp, layout.vpp,
-                               kSteps, "", saved.string(), "llama");
+                               kSteps, "", reshardable.string(), "llama");
     expect_follows(resumed, straight, 2e-5, layout.name);
   }
+  fs::remove_all(reshardable);
   // Last: it saves iteration 4 into the directory.
   const Record second = run("torch_dist_second", 4, 2, 1, 0, kSteps, saved.string(), "", block);
   expect_follows(second, straight, 0.0, "tp2 x dp2 resumed");

@@ -24,8 +24,9 @@
 //       +expert_bias: sigmoid routing with Megatron-Core's auxiliary-loss-free expert bias (a buffer moved every step),
 //       and +etp2: expert_tensor_parallel_size 2 (at tp 1, each expert split over ranks that share the dense tp rank),
 //       and +torch_dist: checkpoint.ckpt_format torch_dist (every rank writes its own DCP file; the default),
-//       +ckpt_torch: Megatron's legacy files. train.exit_signal_handler is on: once training has started, each rank
-//       writes its process id to <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
+//       +ckpt_torch: Megatron's legacy files; +fully_reshardable: checkpoint.dist_ckpt_optim_fully_reshardable (the
+//       distributed optimizer's state in model space). train.exit_signal_handler is on: once training has started,
+//       each rank writes its process id to <out_dir>/pid<r>, and a SIGTERM to any rank saves and exits on every rank.
 //   gpt_worker control <stop|abort|save> <requesting_rank> <step> <out_dir>
 //       a callback on one rank asks to stop/abort/save during step <step>; every rank prints where it ended.
 //   gpt_worker caught_failure <failing_rank> <tp> <pp> <step|callback>
@@ -467,6 +468,11 @@ int run_resume(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
   if (const std::size_t at = block.find(kEtp2); at != std::string::npos) {
     block.erase(at, kEtp2.size());
     config.parallelism.expert_tensor_parallel_size = 2;
+  }
+  const std::string kFullyReshardable = "+fully_reshardable";  // the distributed optimizer's state in model space
+  if (const std::size_t at = block.find(kFullyReshardable); at != std::string::npos) {
+    block.erase(at, kFullyReshardable.size());
+    config.checkpoint.dist_ckpt_optim_fully_reshardable = true;
   }
   const std::string kTorchDist = "+torch_dist";  // save in Megatron-Core's distributed checkpoint format (default)
   if (const std::size_t at = block.find(kTorchDist); at != std::string::npos) {

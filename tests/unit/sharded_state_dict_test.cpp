@@ -1,7 +1,8 @@
 // Megatron-Core's torch_dist keys and chunks (training/checkpointing/sharded_state_dict.h) without a run: the stacked
 // layer and expert keys and their way back (named_parts), the SwiGLU fc1's two blocks at tp2 reassembling into
 // [gate of every rank; up of every rank], and a distributed optimizer's flat ranges of a [7, 5] tensor (and a 1-D one)
-// as boxes that cover exactly the range's elements, once each, with their values: where an off-by-one would hide.
+// as boxes that cover exactly the range's elements, once each, with their values: where an off-by-one would hide;
+// the dp_reshardable bucket keys and the 1-D chunks of every data-parallel rank's shard of a bucket.
 #include "training/checkpointing/sharded_state_dict.h"
 
 #include <gtest/gtest.h>
@@ -202,6 +203,49 @@ TEST(ShardedStateDict, FlatRangeBoxesCoverExactlyTheRangesElements) {
   halves.partition_dim = 0;
   halves.blocks = {{0, 35, 35}};
   expect_flat_ranges_covered({35}, halves, "[35] rank 1 of 2");
+}
+
+// Megatron-Core's dp_reshardable keys, and a bucket's 1-D chunks: every data-parallel rank's slices (a parameter's
+// elements, or padding in a gap) tile [0, numel_unpadded) exactly once, each slice pointing at its parameter's
+// elements, whatever the data-parallel size (the padded tail beyond the last parameter is never a chunk).
+TEST(ShardedStateDict, DistributedOptimizerBucketKeysAndSlicesTileTheBucket) {
+  EXPECT_EQ(distributed_optimizer_bucket_key(3, 1, torch::kBFloat16, torch::kFloat32, 2),
+            "optimizer.distributed.dp_group_idx_3.gbuf_idx_1.dtype_(torch.bfloat16, torch.float32).bucket_idx_2");
+  EXPECT_EQ(distributed_optimizer_domain_key(0, "per_bucket_numel"),
+            "optimizer.distributed.dp_group_idx_0.per_bucket_numel");
+  // Three parameters with a gap of 3 between the second and third (Megatron's alignment; bridge packs them).
+  const std::vector<int64_t> offsets = {0, 10, 28}, numels = {10, 15, 7};
+  const int64_t unpadded = 35;
+  for (const int64_t dp : {1, 2, 3, 4, 8}) {
+    const int64_t padded = (unpadded + dp - 1) / dp * dp, shard = padded / dp;
+    std::vector<int> covered(static_cast<std::size_t>(unpadded), 0);
+    for (int64_t rank = 0; rank < dp; ++rank) {
+      int64_t expected_start = rank * shard;
+      for (const BucketSlice& slice : bucket_slices(offsets, numels, unpadded, rank * shard, (rank + 1) * shard)) {
+        const std::string where =
+            "dp " + std::to_string(dp) + " rank " + std::to_string(rank) + " at " + std::to_string(slice.bucket_offset);
+        EXPECT_EQ(slice.bucket_offset, expected_start) << where << ": the slices are contiguous";
+        ASSERT_GT(slice.length, 0) << where;
+        expected_start = slice.bucket_offset + slice.length;
+        if (slice.param >= 0) {
+          const auto p = static_cast<std::size_t>(slice.param);
+          EXPECT_EQ(slice.bucket_offset, offsets[p] + slice.param_offset) << where;
+          EXPECT_LE(slice.param_offset + slice.length, numels[p]) << where << ": within its parameter";
+        } else {
+          EXPECT_GE(slice.bucket_offset, offsets[1] + numels[1]) << where << ": padding only in the gap";
+          EXPECT_LE(slice.bucket_offset + slice.length, offsets[2]) << where;
+        }
+        for (int64_t i = slice.bucket_offset; i < slice.bucket_offset + slice.length; ++i)
+          ++covered[static_cast<std::size_t>(i)];
+      }
+      EXPECT_LE(expected_start, unpadded) << "dp " << dp << ": a chunk beyond the unpadded size";
+    }
+    for (int64_t i = 0; i < unpadded; ++i)
+      EXPECT_EQ(covered[static_cast<std::size_t>(i)], 1) << "dp " << dp << " element " << i;
+  }
+  // Two ranks of a 4-element bucket padded to 8: rank 1 holds padding only and writes nothing.
+  EXPECT_TRUE(bucket_slices({0}, {4}, 4, 4, 8).empty());
+  EXPECT_THROW(bucket_slices({0, 4}, {4}, 8, 0, 8), std::invalid_argument);
 }
 
 }  // namespace

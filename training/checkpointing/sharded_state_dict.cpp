@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "bridge/models/moe/moe_config.h"
+#include "utils/dcp.h"
 
 namespace bridge::training {
 namespace dc = parallel::dist_checkpointing;
@@ -207,6 +208,37 @@ std::vector<NamedPart> named_parts(const std::string& key, const std::vector<int
     }
   }
   return out;
+}
+
+std::string distributed_optimizer_domain_key(int64_t dp_group_idx, const std::string& name) {
+  return "optimizer.distributed.dp_group_idx_" + std::to_string(dp_group_idx) + "." + name;
+}
+
+std::string distributed_optimizer_bucket_key(int64_t dp_group_idx, int64_t gbuf_idx, c10::ScalarType param_dtype,
+                                             c10::ScalarType grad_dtype, int64_t bucket_idx) {
+  // The dtype part is Python's repr of Megatron-Core's (param_dtype, grad_dtype) tuple.
+  const std::string dtypes = "(torch." + bridge::utils::dcp::dtype_name(param_dtype) + ", torch." +
+                             bridge::utils::dcp::dtype_name(grad_dtype) + ")";
+  return distributed_optimizer_domain_key(dp_group_idx, "gbuf_idx_" + std::to_string(gbuf_idx) + ".dtype_" + dtypes +
+                                                            ".bucket_idx_" + std::to_string(bucket_idx));
+}
+
+std::vector<BucketSlice> bucket_slices(const std::vector<int64_t>& offsets, const std::vector<int64_t>& numels,
+                                       int64_t numel_unpadded, int64_t shard_begin, int64_t shard_end) {
+  if (offsets.size() != numels.size()) throw std::invalid_argument("bucket_slices: offsets and numels differ in size");
+  const int64_t end = std::min(shard_end, numel_unpadded);
+  std::vector<BucketSlice> slices;
+  int64_t at = shard_begin;  // the first element not covered yet
+  for (std::size_t i = 0; i < offsets.size() && at < end; ++i) {
+    const int64_t first = std::max(at, offsets[i]);
+    const int64_t last = std::min(end, offsets[i] + numels[i]);
+    if (first >= last) continue;
+    if (first > at) slices.push_back({-1, at, 0, first - at});
+    slices.push_back({static_cast<int64_t>(i), first, first - offsets[i], last - first});
+    at = last;
+  }
+  if (at < end) slices.push_back({-1, at, 0, end - at});
+  return slices;
 }
 
 bool is_vocab_padded(const std::string& name) {

@@ -47,6 +47,12 @@ struct ShardedChunk {
   int64_t local_length = 0;
 };
 
+/// One chunk a rank may write, with its values.
+struct SaveItem {
+  ShardedChunk chunk;
+  torch::Tensor data;  ///< shaped as chunk.sizes
+};
+
 /// Megatron-Core's key of the parameter (or buffer) bridge names `name` (its global, per-layer, per-expert name),
 /// with the layer and global expert index it stands for (-1 when none).
 std::string sharded_key(const std::string& name, const ShardedKeyOptions& options, int64_t* layer = nullptr,
@@ -77,6 +83,28 @@ std::vector<FlatBox> flat_range_boxes(const std::vector<ShardedChunk>& chunks, c
 /// The values of `box` taken from `flat` (the elements [begin, end) of the local tensor, flattened), shaped as the
 /// box's chunk sizes.
 torch::Tensor flat_box_data(const torch::Tensor& flat, c10::IntArrayRef local_shape, int64_t begin, const FlatBox& box);
+
+/// Megatron-Core's dp_reshardable key of a distributed-optimizer bucket, without the state's name:
+/// "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.bfloat16, torch.float32).bucket_idx_0", to which
+/// ".param", ".exp_avg" or ".exp_avg_sq" is appended; the tensor is 1-D, of the bucket's unpadded size.
+std::string distributed_optimizer_bucket_key(int64_t dp_group_idx, int64_t gbuf_idx, c10::ScalarType param_dtype,
+                                             c10::ScalarType grad_dtype, int64_t bucket_idx);
+/// "optimizer.distributed.dp_group_idx_<g>.<name>": the prefix of a data-parallel domain's objects.
+std::string distributed_optimizer_domain_key(int64_t dp_group_idx, const std::string& name);
+
+/// One 1-D chunk a data-parallel rank writes of a bucket in the dp_reshardable layout: a parameter's slice (param >=
+/// 0, its elements [param_offset, param_offset + length)) or padding between slices (param -1), at bucket_offset.
+struct BucketSlice {
+  int64_t param = -1;
+  int64_t bucket_offset = 0;
+  int64_t param_offset = 0;
+  int64_t length = 0;
+};
+/// The chunks of the bucket elements [shard_begin, shard_end) (a rank's shard) within [0, numel_unpadded): one per
+/// parameter slice (parameter i at `offsets[i]`, `numels[i]` elements) and one per gap between them, so that every
+/// rank's chunks together cover the bucket's global shape exactly, as Megatron-Core's padding chunks do.
+std::vector<BucketSlice> bucket_slices(const std::vector<int64_t>& offsets, const std::vector<int64_t>& numels,
+                                       int64_t numel_unpadded, int64_t shard_begin, int64_t shard_end);
 
 /// The other way: the global names a saved tensor `key` of `global_shape` holds, each with the offsets of its part
 /// along the prepended axes (a stacked layer key holds one name per layer, an expert key one per layer and expert).

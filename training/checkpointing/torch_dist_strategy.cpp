@@ -9,9 +9,9 @@
 //   train_state.pt, run_config.yaml   Megatron-Bridge's (the counters as 0-d tensors, the resolved config)
 // and <save>/latest_train_state.pt is a copy of the newest train_state.pt, as Megatron-Bridge keeps it.
 //
-// What is where: the model under its keys; the optimizer in model space (Megatron-Core's fully_reshardable names,
-// optimizer.state.{exp_avg,exp_avg_sq,param|fp32_param}.<key>), the distributed optimizer's shard saved by its rank as
-// the boxes its flat range covers, never gathered; common_state/shard_0_1 (rank 0) the counters, scheduler, config and
+// What is where: the model under its keys; the optimizer in one of Megatron-Core's layouts (torch_dist_optimizer.h:
+// the distributed optimizer's buckets as dp_reshardable, or model space), each rank's shard saved where it lies, never
+// gathered; common_state/shard_0_1 (rank 0) the counters, scheduler, config and
 // the optimizer's non-tensor state; rng_state/shard_<pp>.<tp>_<PP>.<TP> (with expert parallelism .<dp> too) each
 // rank's RNG streams and callbacks' state. A tensor replicated over ranks (data-parallel replicas, a layer norm over
 // tensor-parallel ranks) is written once, by the holder with the fewest bytes so far (Megatron-Core's fully parallel
@@ -32,7 +32,9 @@
 #include "training/checkpointing/checkpoint_state.h"
 #include "training/checkpointing/checkpoint_strategy.h"
 #include "training/checkpointing/checkpointing_internal.h"
+#include "training/checkpointing/fully_parallel_save.h"
 #include "training/checkpointing/sharded_state_dict.h"
+#include "training/checkpointing/torch_dist_optimizer.h"
 #include "training/config/config_yaml.h"
 #include "training/optimizer/optimizer.h"
 #include "utils/dcp.h"
@@ -59,26 +61,12 @@ constexpr char kMetadataJson[] = "metadata.json";
 constexpr char kTrainState[] = "train_state.pt";
 constexpr char kLatestTrainState[] = "latest_train_state.pt";
 constexpr char kRunConfig[] = "run_config.yaml";
-constexpr char kOptimizerState[] = "optimizer.state.";
 // The optimizer's tensors per parameter, in model space, and the names bridge's loader gives them.
 constexpr std::pair<const char*, const char*> kStateKeys[] = {
     {"exp_avg", "exp_avg"}, {"exp_avg_sq", "exp_avg_sq"}, {"momentum_buffer", "momentum_buffer"}};
 // The fp32 main params: Megatron-Core's distributed optimizer (fully_reshardable) calls them "param", its other
 // optimizers "fp32_param"; either is read.
 constexpr const char* kMainParamKeys[] = {"param", "fp32_param"};
-
-std::string join_ints(const std::vector<int64_t>& values) {
-  std::string text;
-  for (std::size_t i = 0; i < values.size(); ++i) text += (i ? "," : "") + std::to_string(values[i]);
-  return text;
-}
-
-std::vector<int64_t> split_ints(const std::string& text) {
-  std::vector<int64_t> values;
-  std::istringstream in(text);
-  for (std::string part; std::getline(in, part, ',');) values.push_back(std::stoll(part));
-  return values;
-}
 
 // torch.save's bytes of `value` (Megatron-Core's ShardedObject payload) and back.
 std::string pickle_bytes(const c10::IValue& value) { return bridge::utils::torch_pickle_bytes(value); }
@@ -101,130 +89,20 @@ std::string rng_key(int data_parallel_rank, int data_parallel_size) {
   return key + "_" + shape;
 }
 
-// One chunk a rank may write.
-struct SaveItem {
-  ShardedChunk chunk;
-  torch::Tensor data;  // shaped as chunk.sizes
-};
-
-// This rank's model chunks and its optimizer's, under Megatron-Core's keys. Sets `step` to AdamW's step count where
-// this rank has optimizer state.
+// This rank's model chunks and its optimizer's, under Megatron-Core's keys; `step` is the agreed AdamW step.
 std::vector<SaveItem> tensor_items(PretrainSetup& setup, const std::vector<CheckpointParam>& params,
-                                   const ShardedKeyOptions& options, int64_t& step) {
+                                   const ShardedKeyOptions& options, int64_t step) {
   std::vector<SaveItem> items;
-  auto& state = setup.optimizer->state();
-  const auto add_state = [&](const torch::Tensor& main_param, const std::string& key,
-                             const std::function<void(const std::string&, const torch::Tensor&)>& add) {
-    auto found = state.find(optimizer_state_key(main_param));
-    if (found == state.end()) return;
-    if (auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
-      step = adam->step();
-      add(std::string(kOptimizerState) + "exp_avg." + key, adam->exp_avg());
-      add(std::string(kOptimizerState) + "exp_avg_sq." + key, adam->exp_avg_sq());
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get())) {
-      if (sgd->momentum_buffer().defined()) {
-        add(std::string(kOptimizerState) + "momentum_buffer." + key, sgd->momentum_buffer());
-      }
-    }
-  };
+  const bool dp_reshardable = optimizer_sharding_type(setup) == kDpReshardable;
   for (const CheckpointParam& entry : params) {
     if (entry.tied_copy) continue;
     const std::vector<ShardedChunk> chunks = sharded_chunks(entry.name, entry.layout, options);
     const torch::Tensor param = entry.param.detach();
     for (const ShardedChunk& chunk : chunks) items.push_back({chunk, chunk_data(param, chunk)});
-    if (entry.buffer) continue;
-    const std::string& key = chunks.front().key;
-    if (setup.distributed_optimizer) {
-      // Each piece (a flat range of the parameter) as the boxes it covers: saved where it lies, never gathered.
-      for (const DistributedOptimizer::Piece& piece : distributed_optimizer_pieces(entry.param)) {
-        const int64_t begin = piece.offset, end = piece.offset + piece.model_view.numel();
-        const std::vector<FlatBox> boxes = flat_range_boxes(chunks, entry.param.sizes(), begin, end);
-        const auto add = [&](const std::string& name, const torch::Tensor& piece_values) {
-          const torch::Tensor flat = piece_values.detach().reshape({-1});
-          for (const FlatBox& box : boxes) {
-            ShardedChunk chunk = box.chunk;
-            chunk.key = name;
-            items.push_back({chunk, flat_box_data(flat, entry.param.sizes(), begin, box)});
-          }
-        };
-        if (entry.param.scalar_type() != torch::kFloat32)
-          add(std::string(kOptimizerState) + "param." + key, piece.main_param);
-        add_state(piece.main_param, key, add);
-      }
-      continue;
-    }
-    const auto add = [&](const std::string& name, const torch::Tensor& whole) {
-      for (const ShardedChunk& chunk : chunks) {
-        ShardedChunk renamed = chunk;
-        renamed.key = name;
-        items.push_back({renamed, chunk_data(whole.detach(), chunk)});
-      }
-    };
-    if (setup.mixed_precision) add(std::string(kOptimizerState) + "fp32_param." + key, entry.main_param);
-    add_state(entry.main_param, key, add);
+    if (!entry.buffer && !dp_reshardable) add_model_space_optimizer_items(setup, entry, chunks, items);
   }
+  if (dp_reshardable) add_dp_reshardable_items(setup, step, items);
   return items;
-}
-
-// Megatron-Core's fully parallel save: every distinct chunk (key and offsets) is written by one of the ranks holding
-// it, the one with the fewest bytes assigned so far, largest chunks first (exchange_utils.distribute_shards_to_ranks);
-// without `spread`, by the lowest holder. Every rank computes the same answer from the gathered lists. Returns which
-// of `items` this rank writes.
-std::vector<bool> assign_writers(const std::vector<SaveItem>& items, bool spread) {
-  parallel::ProcessGroup& world = parallel::get_world_group();
-  std::ostringstream lines;
-  for (const SaveItem& item : items) {
-    lines << item.chunk.key << '\t' << join_ints(item.chunk.offsets) << '\t' << join_ints(item.chunk.sizes) << '\t'
-          << item.data.numel() * static_cast<int64_t>(item.data.element_size()) << '\n';
-  }
-  const std::vector<std::string> gathered = parallel::all_gather_strings(world, lines.str());
-  struct Holders {
-    std::string sizes;
-    int64_t bytes = 0;
-    std::vector<int> ranks;
-  };
-  std::map<std::pair<std::string, std::string>, Holders> chunks;
-  for (int rank = 0; rank < static_cast<int>(gathered.size()); ++rank) {
-    std::istringstream in(gathered[static_cast<std::size_t>(rank)]);
-    for (std::string line; std::getline(in, line);) {
-      std::vector<std::string> fields;
-      std::istringstream parts(line);
-      for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
-      Holders& holders = chunks[{fields[0], fields[1]}];
-      if (holders.ranks.empty()) {
-        holders.sizes = fields[2];
-        holders.bytes = std::stoll(fields[3]);
-      } else if (holders.sizes != fields[2]) {
-        throw std::logic_error("the checkpoint's chunk " + fields[0] + " at [" + fields[1] + "] has the sizes [" +
-                               holders.sizes + "] on one rank and [" + fields[2] + "] on rank " + std::to_string(rank) +
-                               "; report it with the parallelism.* settings");
-      }
-      if (holders.ranks.empty() || holders.ranks.back() != rank) holders.ranks.push_back(rank);
-    }
-  }
-  std::vector<std::pair<const std::pair<std::string, std::string>*, const Holders*>> order;
-  for (const auto& [id, holders] : chunks) order.emplace_back(&id, &holders);
-  std::stable_sort(order.begin(), order.end(),
-                   [](const auto& a, const auto& b) { return a.second->bytes > b.second->bytes; });
-  std::vector<int64_t> load(gathered.size(), 0);
-  std::set<std::pair<std::string, std::string>> mine;
-  for (const auto& [id, holders] : order) {
-    int writer = holders->ranks.front();
-    if (spread) {
-      for (int rank : holders->ranks) {
-        if (load[static_cast<std::size_t>(rank)] < load[static_cast<std::size_t>(writer)]) writer = rank;
-      }
-    }
-    load[static_cast<std::size_t>(writer)] += holders->bytes;
-    if (writer == world.rank()) mine.insert(*id);
-  }
-  std::vector<bool> writes(items.size(), false);
-  std::set<std::pair<std::string, std::string>> taken;  // a chunk twice on one rank (a tied pair) is written once
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const std::pair<std::string, std::string> id{items[i].chunk.key, join_ints(items[i].chunk.offsets)};
-    writes[i] = mine.count(id) > 0 && taken.insert(id).second;
-  }
-  return writes;
 }
 
 class TorchDistSave : public PendingSave {
@@ -309,12 +187,11 @@ class TorchDistStrategy : public CheckpointStrategy {
     save->root = setup.config.checkpoint.save;
     const ShardedKeyOptions options = ShardedKeyOptions::from(setup.config.model);
     const std::vector<CheckpointParam> params = checkpoint_params(setup);
-    int64_t step = -1;
-    std::vector<SaveItem> items = tensor_items(setup, params, options, step);
-    // AdamW's step count for the common state (a rank without optimizer state of its own has none).
-    torch::Tensor agreed = torch::tensor({step}, torch::kLong);
+    // AdamW's step count (a rank without optimizer state of its own has none).
+    torch::Tensor agreed = torch::tensor({local_optimizer_step(setup)}, torch::kLong);
     parallel::get_world_group().all_reduce(agreed, parallel::ReduceOp::kMax);
-    step = agreed.item<int64_t>();
+    const int64_t step = agreed.item<int64_t>();
+    std::vector<SaveItem> items = tensor_items(setup, params, options, step);
     const std::vector<bool> writes = assign_writers(items, setup.config.checkpoint.fully_parallel_save);
     // The snapshot: under async_save a copy of what this rank writes (training changes the originals); a synchronous
     // save writes before training goes on and copies nothing.
@@ -328,6 +205,7 @@ class TorchDistStrategy : public CheckpointStrategy {
     }
     std::vector<std::string> skipped_user_state;
     detail::on_every_rank(what, [&] {
+      if (optimizer_sharding_type(setup) == kDpReshardable) add_dp_reshardable_objects(setup, step, save->objects);
       // Each rank's RNG streams and callbacks' state, where its (pp, tp[, dp]) object is this rank's to write (rank 0
       // always writes one: data-parallel rank 0).
       const bool expert_parallel = parallel::get_expert_model_parallel_world_size() > 1;
@@ -346,7 +224,7 @@ class TorchDistStrategy : public CheckpointStrategy {
                                  pickle_bytes(own_payload));
       if (parallel::get_rank() != 0) return;
       GenericDict content = new_checkpoint_dict();
-      content.insert("distrib_optim_sharding_type", std::string("fully_reshardable"));
+      content.insert("distrib_optim_sharding_type", optimizer_sharding_type(setup));
       content.insert("singleton_local_shards", false);
       common.insert("content_metadata", content);
       GenericDict optimizer = new_checkpoint_dict();
@@ -413,6 +291,13 @@ class TorchDistStrategy : public CheckpointStrategy {
     const GenericDict saved_optimizer = optional_dict(out.common, "optimizer");
     const bool has_state = options.optimizer && saved_optimizer.contains(c10::IValue(std::string("step"))) &&
                            saved_optimizer.at(c10::IValue(std::string("step"))).toInt() >= 0;
+    // The distributed optimizer's buckets (dp_reshardable), read where this run's layout allows; under
+    // checkpoint.no_load_optim not at all (the main params then come from the weights).
+    const GenericDict content = optional_dict(out.common, "content_metadata");
+    const auto sharding = content.find(c10::IValue(std::string("distrib_optim_sharding_type")));
+    std::optional<DpReshardableReader> buckets;
+    if (options.optimizer && sharding != content.end() && sharding->value().toStringRef() == kDpReshardable)
+      buckets.emplace(setup, reader, out.common);
     std::set<std::string> done;
     for (const CheckpointParam& entry : params) {
       const std::string& name = entry.source_name();
@@ -424,6 +309,20 @@ class TorchDistStrategy : public CheckpointStrategy {
       metadata.insert(name, dc::to_ivalue(weights.layout));
       out.files_of[name] = {path};
       if (entry.buffer) continue;
+      if (buckets) {
+        if (entry.param.scalar_type() != torch::kFloat32) {
+          if (std::optional<torch::Tensor> main = buckets->read(entry, "param")) main_params.insert(name, *main);
+        }
+        if (!has_state) continue;
+        GenericDict param_state = new_checkpoint_dict();
+        param_state.insert("step", saved_optimizer.at(c10::IValue(std::string("step"))).toInt());
+        for (const auto& [saved_name, loader_name] : kStateKeys) {
+          if (std::optional<torch::Tensor> values = buckets->read(entry, saved_name))
+            param_state.insert(loader_name, *values);
+        }
+        state.insert(name, param_state);
+        continue;
+      }
       for (const char* main_key : kMainParamKeys) {
         const std::string saved = std::string(kOptimizerState) + main_key + "." + key;
         if (reader.tensors().count(saved) == 0) continue;

@@ -42,6 +42,7 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
       grad_scaler_(std::move(grad_scaler)),
       chunks_(std::move(chunks)) {
   torch::NoGradGuard no_grad;
+  int64_t buffers_seen[2] = {0, 0};  // dense, expert: gbuf_idx counts each kind's buffers over the chunks
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     DistributedDataParallel* ddp = chunks_[c];
     if (ddp == nullptr) {
@@ -73,6 +74,8 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
         expert_groups_.push_back(experts);
       }
     }
+    const void* previous_buffer = nullptr;
+    int64_t bucket_in_buffer = 0;
     for (std::size_t b = 0; b < members.size(); ++b) {
       auto& list = members[b];
       std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
@@ -89,9 +92,30 @@ DistributedOptimizer::DistributedOptimizer(std::vector<DistributedDataParallel*>
         bucket.params.push_back(param);
         bucket.offsets.push_back(offset - start);
       }
+      // A bucket's buffer is the storage its grads share; a chunk's buckets come buffer by buffer.
+      const torch::Tensor first_grad = ddp->main_grad(bucket.params.front());
+      const void* buffer = first_grad.storage().data();
+      BucketLayout& layout = bucket.layout;
+      layout.expert = ddp->is_expert_bucket(static_cast<int64_t>(b));
+      if (buffer != previous_buffer) {
+        bucket_in_buffer = 0;
+        ++buffers_seen[layout.expert ? 1 : 0];
+        previous_buffer = buffer;
+      }
+      layout.buffer = buffers_seen[layout.expert ? 1 : 0] - 1;
+      layout.bucket = bucket_in_buffer++;
+      layout.param_dtype = bucket.params.front().scalar_type();
+      layout.grad_dtype = first_grad.scalar_type();
+      layout.numel = bucket.numel;
+      layout.numel_unpadded = bucket.offsets.back() + bucket.params.back().numel();
+      layout.params = bucket.params;
+      layout.offsets = bucket.offsets;
+      layout.group = bucket.group;
       // This rank's elements [lo, hi) of the bucket, cut at parameter boundaries.
       const int64_t lo = std::min(rank * bucket.shard, bucket.numel);
       const int64_t hi = std::min(lo + bucket.shard, bucket.numel);
+      layout.shard_begin = lo;
+      layout.shard_end = hi;
       for (std::size_t i = 0; i < bucket.params.size(); ++i) {
         const torch::Tensor& param = bucket.params[i];
         const int64_t first = std::max(lo, bucket.offsets[i]);
@@ -129,6 +153,12 @@ DistributedOptimizer::~DistributedOptimizer() {
   for (const BucketShard& bucket : buckets_) {
     for (const torch::Tensor& param : bucket.params) registry().erase(param.unsafeGetTensorImpl());
   }
+}
+
+std::vector<DistributedOptimizer::BucketLayout> DistributedOptimizer::bucket_layouts() const {
+  std::vector<BucketLayout> layouts;
+  for (const BucketShard& bucket : buckets_) layouts.push_back(bucket.layout);
+  return layouts;
 }
 
 bool sharded_by_distributed_optimizer(const torch::Tensor& model_param) {

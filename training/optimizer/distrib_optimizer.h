@@ -96,6 +96,26 @@ class DistributedOptimizer {
   void load_state(torch::optim::Optimizer& optimizer, const torch::Tensor& model_param,
                   const std::map<std::string, torch::Tensor>& whole, std::optional<int64_t> step) const;
 
+  /// One bucket as Megatron-Core's dp_reshardable checkpoint layout names it: its buffer's index among this rank's
+  /// dense (or expert) buffers over every model chunk in order (gbuf_idx), its index within that buffer (bucket_idx),
+  /// the buffer's dtypes, its parameters at their offsets and where this rank's shard lies.
+  struct BucketLayout {
+    bool expert = false;
+    int64_t buffer = 0;
+    int64_t bucket = 0;
+    c10::ScalarType param_dtype = c10::ScalarType::Float;
+    c10::ScalarType grad_dtype = c10::ScalarType::Float;
+    int64_t numel = 0;           ///< with the padding
+    int64_t numel_unpadded = 0;  ///< up to the last parameter's end
+    std::vector<torch::Tensor> params;
+    std::vector<int64_t> offsets;            ///< each param's first element within the bucket
+    int64_t shard_begin = 0, shard_end = 0;  ///< this rank's elements of the bucket (padding included)
+    parallel::ProcessGroup* group = nullptr;
+  };
+  std::vector<BucketLayout> bucket_layouts() const;
+  /// This rank's pieces, in bucket order.
+  const std::vector<Piece>& pieces() const { return pieces_; }
+
   /// Every wrapped parameter's whole value of something the pieces hold (an optimizer state, the fp32 main param),
   /// put together from the data-parallel ranks' pieces: `piece_value(piece)` gives this rank's fp32 values of one of
   /// its pieces ([numel]); the result maps each model parameter to an fp32 CPU tensor of its shape. Collective over
@@ -112,6 +132,7 @@ class DistributedOptimizer {
     int64_t numel = 0;                        // elements of the bucket
     int64_t shard = 0;                        // elements per rank, ceil(numel / dp)
     parallel::ProcessGroup* group = nullptr;  // sharded over: the data-parallel or the expert data-parallel group
+    BucketLayout layout;                      // its place in the buffers, for checkpoints
   };
   // Every rank's shard of `staged` (a bucket's elements, this rank's own filled in) into every rank's copy.
   void gather_shards(const BucketShard& bucket, const torch::Tensor& staged) const;
