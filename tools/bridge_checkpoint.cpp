@@ -17,8 +17,8 @@
 //
 //   bridge-checkpoint convert ckpt ckpt_dist --to torch_dist                   # the tracker's iteration
 //   bridge-checkpoint convert ckpt_dist ckpt_legacy --to torch --iteration 200
-//   torchrun --nproc_per_node 2 --no_python bridge-checkpoint convert ckpt ckpt_tp2 --to torch_dist \
-//       parallelism.tensor_model_parallel_size=2
+//   torchrun --nproc_per_node 2 --no_python bridge-checkpoint convert ckpt ckpt_tp2 --to torch_dist
+//       parallelism.tensor_model_parallel_size=2                             # (one command line)
 //
 // Exit status: 0 done (every file intact, or converted), 1 a file damaged or missing (or the conversion failed),
 // 2 bad command line or not a checkpoint (or an iteration the destination already holds).

@@ -1,6 +1,7 @@
 // load_checkpoint: which checkpoint a run takes (checkpoint.load, auto-resume, pretrained weights, a Hugging Face
 // directory), the guard against overwriting newer checkpoints, every rank's reading and checking before anything is
 // applied, auto-resume's fall-back from a damaged checkpoint, and the application itself.
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -197,6 +198,7 @@ std::optional<int64_t> fall_back_from_damaged(const CheckpointConfig& config, co
 }  // namespace
 
 std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
+  const auto started = std::chrono::steady_clock::now();
   const CheckpointConfig& config = setup.config.checkpoint;
   std::optional<Source> source;
   on_every_rank("choosing the checkpoint to load", [&] { source = resolve_source(config); });
@@ -311,7 +313,9 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
     if (user_state != holder.end()) load_user_state(setup.callbacks->user_state(), user_state->value(), path);
   }
   if (parallel::get_rank() == 0) {
-    bridge::utils::logger().info("loaded checkpoint {} at iteration {}", directory.string(), source->iteration);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - started;
+    bridge::utils::logger().info("loaded checkpoint {} at iteration {} ({:.2f} s)", directory.string(),
+                                 source->iteration, took.count());
   }
   setup.fire_training(Event::kCheckpointLoad, [&](CallbackContext& ctx) {
     ctx.checkpoint = CheckpointInfo{directory.string(), source->iteration};
