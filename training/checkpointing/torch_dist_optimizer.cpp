@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "parallel/parallel_state.h"
@@ -233,9 +235,11 @@ DpReshardableReader::DpReshardableReader(const PretrainSetup& setup, const bridg
        {layout_size(layout, "expert_tensor_parallel_size", saved_tp),
         parallel::get_expert_tensor_parallel_world_size()}},
   };
+  const bool dense = !setup.config.model.num_moe_experts;  // no expert buckets: the expert sizes do not matter
   std::string differs;
   for (const auto& [field, values] : sizes) {
     if (values.first == values.second) continue;
+    if (dense && std::string_view(field).rfind("expert_", 0) == 0) continue;
     differs += std::string(differs.empty() ? "" : ", ") + field + " " + std::to_string(values.first) +
                " (this run: " + std::to_string(values.second) + ")";
   }
