@@ -194,7 +194,10 @@ int run_convert(const cxxopts::ParseResult& args, const bridge::parallel::Launch
     if (env.rank == 0) std::fprintf(stderr, "bridge-checkpoint: error: %s\n", bridge::utils::describe(e).c_str());
     return kExitDamaged;
   } catch (const std::exception& e) {
-    return env.rank == 0 ? bad_command_line(e) : kExitBadCommandLine;
+    if (env.rank == 0) return bad_command_line(e);
+    // Another rank may see what rank 0 did not (files on a disk of its own): it says so too.
+    std::fprintf(stderr, "bridge-checkpoint: rank %d: error: %s\n", env.rank, bridge::utils::describe(e).c_str());
+    return kExitBadCommandLine;
   }
   try {
     convert_checkpoint(plan);
@@ -232,7 +235,10 @@ int main(int argc, char** argv) {
                                                   : "unknown command '" + command + "': verify or convert");
     }
   } catch (const std::exception& e) {
-    return env.rank == 0 ? bad_command_line(e) : kExitBadCommandLine;
+    if (env.rank == 0) return bad_command_line(e);
+    // Another rank may see what rank 0 did not (files on a disk of its own): it says so too.
+    std::fprintf(stderr, "bridge-checkpoint: rank %d: error: %s\n", env.rank, bridge::utils::describe(e).c_str());
+    return kExitBadCommandLine;
   }
   return command == "verify" ? run_verify(*args) : run_convert(*args, env);
 }

@@ -6,7 +6,9 @@
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "parallel/distributed.h"
 #include "training/callbacks/callback.h"
@@ -62,7 +64,9 @@ std::string layout_text(const ParallelismConfig& parallelism) {
 // The iteration directory a request names, and its iteration.
 std::pair<fs::path, int64_t> source_iteration(const ConvertRequest& request) {
   std::error_code error;
-  const fs::path source = request.source;
+  // Absolute and without a trailing '/': an iteration directory's parent is the checkpoint.save directory.
+  fs::path source = fs::absolute(request.source, error).lexically_normal();
+  if (source.filename().empty()) source = source.parent_path();
   if (!fs::is_directory(source, error)) {
     throw std::invalid_argument("no checkpoint directory at '" + request.source +
                                 "'; give a checkpoint.save directory or an iteration directory in it");
@@ -90,6 +94,58 @@ std::pair<fs::path, int64_t> source_iteration(const ConvertRequest& request) {
                                 directory.string() + ")");
   }
   return {source, *iteration};
+}
+
+// A distributed optimizer's state saved as Megatron-Core's dp_reshardable buckets loads only in its own tensor-,
+// pipeline- and expert-parallel layout: refuse another one here (exit 2, before any rank starts) with the two-step
+// route, rather than in the load once the world is up.
+void check_dp_reshardable_layout(const c10::impl::GenericDict& common, const ConfigContainer& config,
+                                 const fs::path& directory) {
+  const auto dict = [&](const char* key) {
+    const auto found = common.find(c10::IValue(std::string(key)));
+    return found != common.end() && found->value().isGenericDict()
+               ? found->value().toGenericDict()
+               : c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+  };
+  const c10::impl::GenericDict content = dict("content_metadata");
+  const auto type = content.find(c10::IValue(std::string("distrib_optim_sharding_type")));
+  if (type == content.end() || !type->value().isString() || type->value().toStringRef() != "dp_reshardable") return;
+  const c10::impl::GenericDict layout = dict("parallel_layout");
+  const auto saved = [&](const char* field, int64_t otherwise) {
+    const auto found = layout.find(c10::IValue(std::string(field)));
+    return found != layout.end() && found->value().isInt() ? found->value().toInt() : otherwise;
+  };
+  const ParallelismConfig& parallelism = config.parallelism;
+  const int64_t saved_tp = saved("tensor_model_parallel_size", 1);
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> sizes = {
+      {"tensor_model_parallel_size", {saved_tp, parallelism.tensor_model_parallel_size}},
+      {"pipeline_model_parallel_size",
+       {saved("pipeline_model_parallel_size", 1), parallelism.pipeline_model_parallel_size}},
+      {"virtual_pipeline_model_parallel_size",
+       {saved("virtual_pipeline_model_parallel_size", 1),
+        parallelism.virtual_pipeline_model_parallel_size.value_or(1)}}};
+  if (config.model.num_moe_experts) {
+    sizes.push_back({"expert_model_parallel_size",
+                     {saved("expert_model_parallel_size", 1), parallelism.expert_model_parallel_size}});
+    sizes.push_back({"expert_tensor_parallel_size",
+                     {saved("expert_tensor_parallel_size", saved_tp),
+                      parallelism.expert_tensor_parallel_size.value_or(parallelism.tensor_model_parallel_size)}});
+  }
+  std::string differs, keep;
+  for (const auto& [field, values] : sizes) {
+    if (values.first > 1 || field == "tensor_model_parallel_size" || field == "pipeline_model_parallel_size")
+      keep += " parallelism." + field + "=" + std::to_string(values.first);
+    if (values.first == values.second) continue;
+    differs += (differs.empty() ? "" : ", ") + field + " " + std::to_string(values.first) +
+               " (here: " + std::to_string(values.second) + ")";
+  }
+  if (differs.empty()) return;
+  throw std::invalid_argument(
+      directory.string() +
+      " holds the distributed optimizer's state in Megatron-Core's dp_reshardable layout, which converts only into "
+      "the tensor-, pipeline- and expert-parallel layout it was saved in: " +
+      differs + ". Convert it in that layout (under a launcher with its ranks:" + keep +
+      "), adding checkpoint.dist_ckpt_optim_fully_reshardable=true to make the result loadable in any layout");
 }
 
 // The destination must take the iteration without overwriting anything or moving its tracker back.
@@ -187,6 +243,7 @@ ConversionPlan plan_checkpoint_conversion(const ConvertRequest& request, int wor
   config.logging = {};
   config.callbacks.clear();
   config.validate(world_size);  // a layout that does not fit the launcher's world: exit 2 before any rank starts
+  check_dp_reshardable_layout(common, config, plan.source_directory);
   plan.config = std::move(config);
   return plan;
 }

@@ -256,8 +256,11 @@ void commit_checkpoint(PretrainSetup& setup, bool blocking) {
   if (setup.config.checkpoint.also_save_hf_checkpoint) {
     // From the committed files, which every rank now knows are complete; the pending save stays until it is written.
     pending->committed = true;
-    pending->hf = std::make_unique<HfCheckpointWrite>(pending->directory,
-                                                      parallel::get_rank() == hf_checkpoint_writer_rank(world.size()));
+    // Starting the writer's thread may fail on that rank alone: every rank learns of it.
+    on_every_rank(pending->what, [&] {
+      pending->hf = std::make_unique<HfCheckpointWrite>(
+          pending->directory, parallel::get_rank() == hf_checkpoint_writer_rank(world.size()));
+    });
     setup.pending_checkpoint = pending;
   }
 }

@@ -86,6 +86,8 @@ HfCheckpointWrite::~HfCheckpointWrite() {
     written_.get();
   } catch (const std::exception& error) {  // nobody is left to hear it: say it
     bridge::utils::logger().error("{}", bridge::utils::describe(error));
+  } catch (...) {  // a destructor must not throw
+    bridge::utils::logger().error("the Hugging Face write failed with a non-standard exception");
   }
 }
 

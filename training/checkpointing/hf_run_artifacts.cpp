@@ -135,11 +135,12 @@ bool same_directory(const fs::path& a, const fs::path& b) {
   return !a.empty() && !b.empty() && fs::equivalent(a, b, error);
 }
 
+}  // namespace
+
 // What the export writes beside the weights (bridge/hf/hf_artifacts.h), from what the checkpoint recorded of the run
 // (its config) and the flags that stand in for what it did not: the source is --hf-source or the run's
 // checkpoint.pretrained_checkpoint=hf:<dir>; the tokenizer --tokenizer, else the run's tokenizer section, else the
 // source's files. What cannot be found is a warning naming the flag that supplies it: the weights are written anyway.
-}  // namespace
 
 hf::HfArtifacts hf_artifacts_of_run(const ConfigContainer& run, const std::string& hf_source,
                                     const std::string& tokenizer_flag,

@@ -191,7 +191,8 @@ class TorchDistStrategy : public CheckpointStrategy {
     torch::Tensor agreed = torch::tensor({local_optimizer_step(setup)}, torch::kLong);
     parallel::get_world_group().all_reduce(agreed, parallel::ReduceOp::kMax);
     const int64_t step = agreed.item<int64_t>();
-    std::vector<SaveItem> items = tensor_items(setup, params, options, step);
+    std::vector<SaveItem> items;  // a rank's failure here fails every rank before the collectives below
+    detail::on_every_rank(what, [&] { items = tensor_items(setup, params, options, step); });
     const std::vector<bool> writes = assign_writers(items, setup.config.checkpoint.fully_parallel_save);
     // The snapshot: under async_save a copy of what this rank writes (training changes the originals); a synchronous
     // save writes before training goes on and copies nothing.
@@ -382,8 +383,7 @@ class TorchDistStrategy : public CheckpointStrategy {
     check_loadable(params, out.files, out.files_of, options);
   }
 
-  // Each saved tensor whole, split back into bridge's per-layer and per-expert names; the fp32 main values where the
-  // checkpoint has them (mixed precision), else the model's.
+  // The common_state item: counters, scheduler, config, content_metadata.
   GenericDict read_common(const fs::path& directory) const override {
     if (!fs::exists(directory / dcp::kMetadataFile)) {
       throw DamagedFileError((directory / dcp::kMetadataFile).string() +
@@ -392,6 +392,8 @@ class TorchDistStrategy : public CheckpointStrategy {
     return read_common(dcp::Reader(directory));
   }
 
+  // Each saved tensor whole, split back into bridge's per-layer and per-expert names; the fp32 main values where the
+  // checkpoint has them (mixed precision), else the model's.
   void read_weights(const fs::path& directory, SavedWeights& saved) const override {
     if (!fs::exists(directory / dcp::kMetadataFile)) {
       throw std::runtime_error((directory / dcp::kMetadataFile).string() +

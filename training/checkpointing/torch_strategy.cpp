@@ -245,8 +245,7 @@ class TorchStrategy : public CheckpointStrategy {
     check_loadable(params, out.files, out.files_of, options);
   }
 
-  // common.pt's index names the files holding each tensor; each file's shard metadata places its slice in the
-  // global tensor.
+  // common.pt: the counters, scheduler, config and the index of every tensor's files.
   GenericDict read_common(const fs::path& root) const override {
     const fs::path path = root / detail::kCommon;
     if (!fs::exists(path)) {
@@ -257,6 +256,8 @@ class TorchStrategy : public CheckpointStrategy {
     return read_saved_dict(path);
   }
 
+  // common.pt's index names the files holding each tensor; each file's shard metadata places its slice in the
+  // global tensor.
   void read_weights(const fs::path& root, SavedWeights& saved) const override {
     const std::string common_path = (root / detail::kCommon).string();
     const GenericDict common = read_common(root);
