@@ -463,6 +463,14 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
     EXPECT_THAT(result.output, ::testing::HasSubstr("checkpoint.dist_ckpt_optim_fully_reshardable=true"));
   }
   fs::remove_all(refused);
+  // bridge-checkpoint convert refuses the same move before any rank starts (exit 2), naming the route.
+  const RankResult convert = run_command({BRIDGE_CHECKPOINT, "convert", saved.string(),
+                                          (saved.parent_path() / "torch_dist_converted").string(), "--to", "torch"},
+                                         std::chrono::seconds(120));
+  EXPECT_EQ(convert.exit_code, 2) << convert.output;
+  EXPECT_THAT(convert.output, ::testing::HasSubstr("tensor_model_parallel_size 2 (here: 1)"));
+  EXPECT_THAT(convert.output, ::testing::HasSubstr("checkpoint.dist_ckpt_optim_fully_reshardable=true"));
+  EXPECT_FALSE(fs::exists(saved.parent_path() / "torch_dist_converted"));
   // Saved in model space (fully_reshardable) the same state reshards to tp1 and pp2 x 2 chunks.
   const fs::path reshardable = fresh_directory("torch_dist_fully_reshardable");
   expect_follows(
