@@ -4,6 +4,7 @@
 #include "training/checkpointing/checkpoint_convert.h"
 
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -215,6 +216,8 @@ ConversionPlan plan_checkpoint_conversion(const ConvertRequest& request, int wor
   parallelism.microbatch_group_size_per_vp_stage.reset();
   parallelism.expert_model_parallel_size = 1;
   parallelism.expert_tensor_parallel_size.reset();
+  const std::string saved_device = parallelism.device;
+  const std::optional<parallel::Backend> saved_backend = parallelism.backend;
   parallelism.backend.reset();
   parallelism.device = "cpu";
   for (const std::string& key : apply_overrides(config, request.overrides)) {
@@ -237,6 +240,8 @@ ConversionPlan plan_checkpoint_conversion(const ConvertRequest& request, int wor
   checkpoint.most_recent_k = -1;  // never delete a destination's other iterations
   checkpoint.also_save_hf_checkpoint = false;
   plan.recorded = config;
+  plan.recorded.parallelism.device = saved_device;  // the run's own, which a resume from DST uses again
+  plan.recorded.parallelism.backend = saved_backend;
   // What the conversion does not need and must not touch: the tokenizer's files (model.vocab_size and the EOD id are
   // already resolved in the saved config), the run's metric outputs and its callbacks (CarriedState stands in).
   config.tokenizer = {};
@@ -260,6 +265,8 @@ void convert_checkpoint(const ConversionPlan& plan) {
     setup.config.tokenizer = plan.recorded.tokenizer;
     setup.config.logging = plan.recorded.logging;
     setup.config.callbacks = plan.recorded.callbacks;
+    setup.config.parallelism.device = plan.recorded.parallelism.device;  // recorded only: nothing here moves
+    setup.config.parallelism.backend = plan.recorded.parallelism.backend;
     save_checkpoint(setup);
     if (parallel::get_rank() == 0) {
       bridge::utils::logger().info("converted {} ({}) to {} ({}, {}, dp{})", plan.source_directory.string(),
