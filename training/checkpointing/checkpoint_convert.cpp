@@ -16,6 +16,7 @@
 #include "training/callbacks/callback_manager.h"
 #include "training/checkpointing/checkpoint_strategy.h"
 #include "training/checkpointing/checkpointing.h"
+#include "training/checkpointing/torch_dist_optimizer.h"
 #include "training/config/config_yaml.h"
 #include "training/pretrain_setup.h"
 #include "utils/exception_message.h"
@@ -102,51 +103,27 @@ std::pair<fs::path, int64_t> source_iteration(const ConvertRequest& request) {
 // route, rather than in the load once the world is up.
 void check_dp_reshardable_layout(const c10::impl::GenericDict& common, const ConfigContainer& config,
                                  const fs::path& directory) {
-  const auto dict = [&](const char* key) {
-    const auto found = common.find(c10::IValue(std::string(key)));
-    return found != common.end() && found->value().isGenericDict()
-               ? found->value().toGenericDict()
-               : c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
-  };
-  const c10::impl::GenericDict content = dict("content_metadata");
-  const auto type = content.find(c10::IValue(std::string("distrib_optim_sharding_type")));
-  if (type == content.end() || !type->value().isString() || type->value().toStringRef() != "dp_reshardable") return;
-  const c10::impl::GenericDict layout = dict("parallel_layout");
-  const auto saved = [&](const char* field, int64_t otherwise) {
-    const auto found = layout.find(c10::IValue(std::string(field)));
-    return found != layout.end() && found->value().isInt() ? found->value().toInt() : otherwise;
-  };
+  const auto content = common.find(c10::IValue(std::string("content_metadata")));
+  if (content == common.end() || !content->value().isGenericDict()) return;
+  const c10::impl::GenericDict metadata = content->value().toGenericDict();
+  const auto type = metadata.find(c10::IValue(std::string("distrib_optim_sharding_type")));
+  if (type == metadata.end() || !type->value().isString() || type->value().toStringRef() != kDpReshardable) return;
   const ParallelismConfig& parallelism = config.parallelism;
-  const int64_t saved_tp = saved("tensor_model_parallel_size", 1);
-  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> sizes = {
-      {"tensor_model_parallel_size", {saved_tp, parallelism.tensor_model_parallel_size}},
-      {"pipeline_model_parallel_size",
-       {saved("pipeline_model_parallel_size", 1), parallelism.pipeline_model_parallel_size}},
-      {"virtual_pipeline_model_parallel_size",
-       {saved("virtual_pipeline_model_parallel_size", 1),
-        parallelism.virtual_pipeline_model_parallel_size.value_or(1)}}};
-  if (config.model.num_moe_experts) {
-    sizes.push_back({"expert_model_parallel_size",
-                     {saved("expert_model_parallel_size", 1), parallelism.expert_model_parallel_size}});
-    sizes.push_back({"expert_tensor_parallel_size",
-                     {saved("expert_tensor_parallel_size", saved_tp),
-                      parallelism.expert_tensor_parallel_size.value_or(parallelism.tensor_model_parallel_size)}});
-  }
-  std::string differs, keep;
-  for (const auto& [field, values] : sizes) {
-    if (values.first > 1 || field == "tensor_model_parallel_size" || field == "pipeline_model_parallel_size")
-      keep += " parallelism." + field + "=" + std::to_string(values.first);
-    if (values.first == values.second) continue;
-    differs += (differs.empty() ? "" : ", ") + field + " " + std::to_string(values.first) +
-               " (here: " + std::to_string(values.second) + ")";
-  }
+  const std::string differs = dp_reshardable_layout_differences(
+      common,
+      {parallelism.tensor_model_parallel_size, parallelism.pipeline_model_parallel_size,
+       parallelism.virtual_pipeline_model_parallel_size.value_or(1), parallelism.expert_model_parallel_size,
+       parallelism.expert_tensor_parallel_size.value_or(parallelism.tensor_model_parallel_size),
+       config.model.num_moe_experts.has_value()},
+      "here");
   if (differs.empty()) return;
   throw std::invalid_argument(
       directory.string() +
       " holds the distributed optimizer's state in Megatron-Core's dp_reshardable layout, which converts only into "
       "the tensor-, pipeline- and expert-parallel layout it was saved in: " +
-      differs + ". Convert it in that layout (under a launcher with its ranks:" + keep +
-      "), adding checkpoint.dist_ckpt_optim_fully_reshardable=true to make the result loadable in any layout");
+      differs +
+      ". Convert it in that layout (under a launcher with its ranks, those parallelism.* sizes as overrides), adding "
+      "checkpoint.dist_ckpt_optim_fully_reshardable=true to make the result loadable in any layout");
 }
 
 // The destination must take the iteration without overwriting anything or moving its tracker back.

@@ -211,6 +211,31 @@ void add_dp_reshardable_objects(PretrainSetup& setup, int64_t step,
   }
 }
 
+std::string dp_reshardable_layout_differences(const GenericDict& common, const ModelParallelSizes& run,
+                                              const std::string& run_name) {
+  const auto found = common.find(c10::IValue(std::string("parallel_layout")));
+  const GenericDict layout =
+      found != common.end() && found->value().isGenericDict() ? found->value().toGenericDict() : new_checkpoint_dict();
+  const int64_t saved_tp = layout_size(layout, "tensor_model_parallel_size", -1);
+  const std::pair<const char*, std::pair<int64_t, int64_t>> sizes[] = {
+      {"tensor_model_parallel_size", {saved_tp, run.tp}},
+      {"pipeline_model_parallel_size", {layout_size(layout, "pipeline_model_parallel_size", -1), run.pp}},
+      {"virtual_pipeline_model_parallel_size",
+       {layout_size(layout, "virtual_pipeline_model_parallel_size", 1), run.vpp}},
+      {"expert_model_parallel_size", {layout_size(layout, "expert_model_parallel_size", 1), run.ep}},
+      {"expert_tensor_parallel_size", {layout_size(layout, "expert_tensor_parallel_size", saved_tp), run.etp}},
+  };
+  std::string differs;
+  for (const auto& [field, values] : sizes) {
+    if (values.first == values.second) continue;
+    if (!run.experts && std::string_view(field).rfind("expert_", 0) == 0)
+      continue;  // a dense model has no expert buckets
+    differs += std::string(differs.empty() ? "" : ", ") + field + " " + std::to_string(values.first) + " (" + run_name +
+               ": " + std::to_string(values.second) + ")";
+  }
+  return differs;
+}
+
 DpReshardableReader::DpReshardableReader(const PretrainSetup& setup, const bridge::utils::dcp::Reader& reader,
                                          const GenericDict& common)
     : reader_(reader) {
@@ -219,30 +244,10 @@ DpReshardableReader::DpReshardableReader(const PretrainSetup& setup, const bridg
       ". Save it with checkpoint.dist_ckpt_optim_fully_reshardable=true or load it in the saved layout (or set "
       "checkpoint.no_load_optim=true to take the weights alone)";
   // Its buckets belong to one tensor-, pipeline- and expert-parallel layout; the data-parallel size may change.
-  const auto found = common.find(c10::IValue(std::string("parallel_layout")));
-  const GenericDict layout =
-      found != common.end() && found->value().isGenericDict() ? found->value().toGenericDict() : new_checkpoint_dict();
-  const int64_t saved_tp = layout_size(layout, "tensor_model_parallel_size", -1);
-  const std::pair<const char*, std::pair<int64_t, int64_t>> sizes[] = {
-      {"tensor_model_parallel_size", {saved_tp, parallel::get_tensor_model_parallel_world_size()}},
-      {"pipeline_model_parallel_size",
-       {layout_size(layout, "pipeline_model_parallel_size", -1), parallel::get_pipeline_model_parallel_world_size()}},
-      {"virtual_pipeline_model_parallel_size",
-       {layout_size(layout, "virtual_pipeline_model_parallel_size", 1), static_cast<int64_t>(setup.model.size())}},
-      {"expert_model_parallel_size",
-       {layout_size(layout, "expert_model_parallel_size", 1), parallel::get_expert_model_parallel_world_size()}},
-      {"expert_tensor_parallel_size",
-       {layout_size(layout, "expert_tensor_parallel_size", saved_tp),
-        parallel::get_expert_tensor_parallel_world_size()}},
-  };
-  const bool dense = !setup.config.model.num_moe_experts;  // no expert buckets: the expert sizes do not matter
-  std::string differs;
-  for (const auto& [field, values] : sizes) {
-    if (values.first == values.second) continue;
-    if (dense && std::string_view(field).rfind("expert_", 0) == 0) continue;
-    differs += std::string(differs.empty() ? "" : ", ") + field + " " + std::to_string(values.first) +
-               " (this run: " + std::to_string(values.second) + ")";
-  }
+  const std::string differs = dp_reshardable_layout_differences(
+      common, {parallel::get_tensor_model_parallel_world_size(), parallel::get_pipeline_model_parallel_world_size(),
+               static_cast<int64_t>(setup.model.size()), parallel::get_expert_model_parallel_world_size(),
+               parallel::get_expert_tensor_parallel_world_size(), setup.config.model.num_moe_experts.has_value()});
   if (!differs.empty()) {
     throw std::runtime_error("the checkpoint " + path +
                              " holds the distributed optimizer's state in Megatron-Core's dp_reshardable layout, "

@@ -58,6 +58,16 @@ void add_dp_reshardable_items(PretrainSetup& setup, int64_t step, std::vector<Sa
 void add_dp_reshardable_objects(PretrainSetup& setup, int64_t step,
                                 std::vector<std::pair<std::string, std::string>>& objects);
 
+/// The tensor-, pipeline- and expert-parallel sizes a dp_reshardable checkpoint's buckets belong to.
+struct ModelParallelSizes {
+  int64_t tp = 1, pp = 1, vpp = 1, ep = 1, etp = 1;
+  bool experts = false;  ///< an MoE model: the expert sizes matter
+};
+/// How `run` differs from the layout the checkpoint's common state records ("tensor_model_parallel_size 2 (<run>:
+/// 1), ..."; empty when it may load the buckets). Shared by the load and bridge-checkpoint convert's plan.
+std::string dp_reshardable_layout_differences(const c10::impl::GenericDict& common, const ModelParallelSizes& run,
+                                              const std::string& run_name = "this run");
+
 /// Loading a dp_reshardable checkpoint: checks on construction that this run's layout can read it (throws
 /// std::runtime_error naming what differs and the fix), then gives each parameter's state as a tensor of its local
 /// shape whose elements this rank needs are filled (its pieces', or all without the distributed optimizer).
