@@ -480,11 +480,32 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
     const char* name;
     int world, tp, pp, vpp;
   };
+  Record tp1;
   for (const Layout& layout : {Layout{"tp1pp1", 1, 1, 1, 0}, Layout{"pp2vpp2", 2, 1, 2, 2}}) {
     const Record resumed = run(std::string("torch_dist_") + layout.name, layout.world, layout.tp, layout.pp, layout.vpp,
                                kSteps, "", reshardable.string(), "llama");
     expect_follows(resumed, straight, 2e-5, layout.name);
+    if (layout.tp == 1 && layout.pp == 1) tp1 = resumed;
   }
+  // The same state as Megatron-Bridge writes it, by PyTorch's DCP in Python: Transformer Engine's fused layer-norm
+  // names, _extra_state objects, Megatron-Core's common state (no bridge config, counters or layout),
+  // train_state.pt with the counters, Python's and NumPy's RNG states, no bridge checksums. It trains on at tp1
+  // exactly as bridge's own save of it does.
+  const fs::path megatron_bridge = fresh_directory("torch_dist_megatron_bridge");
+  const RankResult rewrite = run_command(
+      {BRIDGE_TOOLS_PYTHON, (fs::path(BRIDGE_READ_TORCH_DIST).parent_path() / "megatron_bridge_checkpoint.py").string(),
+       (reshardable / "iter_0000002").string(), megatron_bridge.string()},
+      std::chrono::seconds(120));
+  ASSERT_EQ(rewrite.exit_code, 0) << rewrite.output;
+  EXPECT_THAT(rewrite.output, ::testing::HasSubstr("decoder.layers.mlp.linear_fc1._extra_state/shard_3_4"));
+  const utils::dcp::Reader rewritten(megatron_bridge / "iter_0000002");
+  EXPECT_EQ(rewritten.tensors().count("decoder.layers.mlp.linear_fc1.layer_norm_weight"), 1u);
+  EXPECT_EQ(rewritten.tensors().count("decoder.layers.pre_mlp_layernorm.weight"), 0u);
+  const Record from_megatron_bridge =
+      run("torch_dist_from_megatron_bridge", 1, 1, 1, 0, kSteps, "", megatron_bridge.string(), "llama");
+  expect_follows(from_megatron_bridge, tp1, 0.0, "Megatron-Bridge's layout of the save");
+  EXPECT_EQ(from_megatron_bridge.params, tp1.params) << "the final parameters differ (CRC per slice)";
+  fs::remove_all(megatron_bridge);
   fs::remove_all(reshardable);
   // Last: it saves iteration 4 into the directory.
   const Record second = run("torch_dist_second", 4, 2, 1, 0, kSteps, saved.string(), "", block);

@@ -300,8 +300,9 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
     loaded.rng_loaded = true;
   } else if (options.rng && !read.same_layout && parallel::get_rank() == 0) {
     bridge::utils::logger().warn(
-        "the checkpoint was saved with another tensor-, pipeline- or expert-parallel size: its RNG streams do not map "
-        "to this layout, so they start from rng.seed");
+        "the checkpoint's RNG streams do not map to this run (saved with another tensor-, pipeline- or "
+        "expert-parallel size, or by Megatron-Bridge, whose streams are Python's and NumPy's), so they start from "
+        "rng.seed");
   }
   if (options.progress && setup.callbacks) {
     // Callback state of this rank's own (tp, pp, ep) file when the layout is unchanged, else rank 0's.

@@ -24,6 +24,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "parallel/distributed.h"
@@ -67,6 +68,28 @@ constexpr std::pair<const char*, const char*> kStateKeys[] = {
 // The fp32 main params: Megatron-Core's distributed optimizer (fully_reshardable) calls them "param", its other
 // optimizers "fp32_param"; either is read.
 constexpr const char* kMainParamKeys[] = {"param", "fp32_param"};
+
+// Megatron-Bridge's default models use Transformer Engine's layers, which fuse the layer norm before QKV and before
+// fc1 into those linears: the same tensors under other keys. bridge writes Megatron-Core's local names and reads
+// either.
+constexpr std::pair<const char*, const char*> kTransformerEngineNames[] = {
+    {".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight"},
+    {".input_layernorm.bias", ".self_attention.linear_qkv.layer_norm_bias"},
+    {".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"},
+    {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"},
+};
+
+// The key under which the checkpoint holds the tensor bridge calls `key`: the key itself, or Transformer Engine's.
+std::string saved_key(const dcp::Reader& reader, const std::string& key) {
+  if (reader.tensors().count(key) > 0) return key;
+  for (const auto& [local, fused] : kTransformerEngineNames) {
+    const std::string_view suffix(local);
+    if (key.size() < suffix.size() || key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string alias = key.substr(0, key.size() - suffix.size()) + fused;
+    if (reader.tensors().count(alias) > 0) return alias;
+  }
+  return key;
+}
 
 // torch.save's bytes of `value` (Megatron-Core's ShardedObject payload) and back.
 std::string pickle_bytes(const c10::IValue& value) { return bridge::utils::torch_pickle_bytes(value); }
@@ -261,14 +284,15 @@ class TorchDistStrategy : public CheckpointStrategy {
     const ShardedKeyOptions key_options = ShardedKeyOptions::from(setup.config.model);
 
     // The model's keys against the checkpoint's, both ways (the optimizer's keys aside).
-    std::map<std::string, std::string> model_keys;  // key -> a global name it stands for
-    for (const std::string& name : gathered_name_set(gathered_names))
-      model_keys.emplace(sharded_key(name, key_options), name);
-    for (const auto& [key, name] : model_keys) {
-      if (reader.tensors().count(key) == 0) {
+    std::map<std::string, std::string> model_keys;  // saved key -> a global name it stands for
+    for (const std::string& name : gathered_name_set(gathered_names)) {
+      const std::string key = sharded_key(name, key_options);
+      const std::string saved = saved_key(reader, key);
+      if (reader.tensors().count(saved) == 0) {
         throw ModelMismatchError("the checkpoint has no tensor " + key + " (" + name +
                                  "), which this run's model has: the checkpoint is of another model");
       }
+      model_keys.emplace(saved, name);
     }
     // Tensors only the checkpoint has, as checkpoint.dist_ckpt_strictness says (Megatron-Core's StrictHandling).
     const std::string& strictness = setup.config.checkpoint.dist_ckpt_strictness;
@@ -304,7 +328,7 @@ class TorchDistStrategy : public CheckpointStrategy {
       const std::string& name = entry.source_name();
       if (!done.insert(name).second) continue;
       const std::vector<ShardedChunk> chunks = sharded_chunks(name, entry.layout, key_options);
-      const std::string& key = chunks.front().key;
+      const std::string key = saved_key(reader, chunks.front().key);
       const LocalRead weights = read_local(reader, name, key, chunks, entry);
       model.insert(name, weights.tensor);
       metadata.insert(name, dc::to_ivalue(weights.layout));
@@ -482,14 +506,52 @@ class TorchDistStrategy : public CheckpointStrategy {
     if (std::find(objects.begin(), objects.end(), kCommonState) != objects.end()) {
       const c10::IValue payload = unpickle_bytes(reader.read_bytes(kCommonState), path + " " + kCommonState);
       if (payload.isList() && !payload.toListRef().empty() && payload.toListRef()[0].isGenericDict()) {
-        return payload.toListRef()[0].toGenericDict();
+        return adopt_megatron_bridge_state(reader.directory(), payload.toListRef()[0].toGenericDict());
       }
-      if (payload.isGenericDict()) return payload.toGenericDict();
+      if (payload.isGenericDict()) return adopt_megatron_bridge_state(reader.directory(), payload.toGenericDict());
       throw DamagedFileError(path + ": " + kCommonState + " does not hold the common state dict; it is damaged");
     }
-    if (fs::exists(reader.directory() / kLegacyCommon)) return detail::read_pickle(reader.directory() / kLegacyCommon);
+    if (fs::exists(reader.directory() / kLegacyCommon)) {
+      return adopt_megatron_bridge_state(reader.directory(), detail::read_pickle(reader.directory() / kLegacyCommon));
+    }
     throw DamagedFileError(path + " holds neither " + kCommonState + " nor " + kLegacyCommon +
                            ": not a complete Megatron-Core checkpoint");
+  }
+
+  // A checkpoint Megatron-Bridge wrote keeps the counters in train_state.pt (0-d tensors) and AdamW's step in the
+  // optimizer's param_groups ({"optimizer": {"param_groups": [{"step": N, ...}]}}), not where bridge keeps them
+  // (common_state's train_state and optimizer.step): they are copied there, so that the loader reads one shape.
+  static GenericDict adopt_megatron_bridge_state(const fs::path& directory, GenericDict common) {
+    const fs::path train_state = directory / kTrainState;
+    if (!common.contains(c10::IValue(std::string("train_state"))) && fs::exists(train_state)) {
+      const GenericDict saved = detail::read_pickle(train_state);
+      const std::string where = train_state.string();
+      const auto number = [&](const char* key) {
+        const c10::IValue value = checkpoint_field(saved, key, where);
+        return value.isTensor() ? value.toTensor().item<double>() : value.toScalar().toDouble();
+      };
+      GenericDict progress = new_checkpoint_dict();
+      for (const char* key : {"step", "consumed_train_samples", "skipped_train_samples", "consumed_valid_samples"})
+        progress.insert(key, static_cast<int64_t>(number(key)));
+      progress.insert("floating_point_operations_so_far", number("floating_point_operations_so_far"));
+      common.insert("train_state", progress);
+    }
+    GenericDict optimizer = optional_dict(common, "optimizer");
+    const GenericDict inner = optional_dict(optimizer, "optimizer");
+    const auto groups = inner.find(c10::IValue(std::string("param_groups")));
+    if (!optimizer.contains(c10::IValue(std::string("step"))) && groups != inner.end() && groups->value().isList()) {
+      std::optional<int64_t> step;
+      for (const c10::IValue& group : groups->value().toListRef()) {
+        if (!group.isGenericDict()) continue;
+        const auto found = group.toGenericDict().find(c10::IValue(std::string("step")));
+        if (found == group.toGenericDict().end()) continue;
+        const c10::IValue& value = found->value();
+        const int64_t here = value.isTensor() ? value.toTensor().item<int64_t>() : value.toInt();
+        step = std::max(step.value_or(here), here);
+      }
+      if (step) optimizer.insert("step", *step);
+    }
+    return common;
   }
 
   static GenericDict optional_dict(const GenericDict& dict, const std::string& key) {
