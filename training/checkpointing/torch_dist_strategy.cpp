@@ -316,6 +316,17 @@ class TorchDistStrategy : public CheckpointStrategy {
     const GenericDict saved_optimizer = optional_dict(out.common, "optimizer");
     const bool has_state = options.optimizer && saved_optimizer.contains(c10::IValue(std::string("step"))) &&
                            saved_optimizer.at(c10::IValue(std::string("step"))).toInt() >= 0;
+    if (options.optimizer && !saved_optimizer.contains(c10::IValue(std::string("step")))) {
+      // Moments without a step count would restart Adam's bias correction: refused rather than guessed.
+      const std::string moments = std::string(kOptimizerState) + "exp_avg.";
+      for (const auto& [key, info] : reader.tensors()) {
+        if (key.rfind(moments, 0) != 0 && key.find(".exp_avg") == std::string::npos) continue;
+        throw std::runtime_error(path + " holds the optimizer's moments (" + key +
+                                 ") but no step count (common_state's optimizer.step, or Megatron-Core's "
+                                 "optimizer.param_groups[].step): set checkpoint.no_load_optim=true to start the "
+                                 "optimizer afresh from its weights");
+      }
+    }
     // The distributed optimizer's buckets (dp_reshardable), read where this run's layout allows; under
     // checkpoint.no_load_optim not at all (the main params then come from the weights).
     const GenericDict content = optional_dict(out.common, "content_metadata");
