@@ -299,18 +299,17 @@ class CheckpointConvert : public ::testing::Test {
   void TearDown() override { fs::remove_all(root_); }
 
   // A small model on mock data, dropout on; six iterations in all.
-  RankResult pretrain(std::vector<std::string> extra) const {
-    std::vector<std::string> argv = {kPretrain,
-                                     "model.num_layers=2",
-                                     "model.hidden_size=32",
-                                     "model.hidden_dropout=0.1",
-                                     "model.attention_dropout=0.1",
-                                     "dataset.data_path=[]",
-                                     "train.train_iters=6",
-                                     "train.eval_interval=0",
-                                     "logging.log_interval=1",
-                                     "train.num_threads=1"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
+  static std::vector<std::string> pretrain_args(const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {
+        "model.num_layers=2",          "model.hidden_size=32",   "model.hidden_dropout=0.1",
+        "model.attention_dropout=0.1", "dataset.data_path=[]",   "train.train_iters=6",
+        "train.eval_interval=0",       "logging.log_interval=1", "train.num_threads=1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+  RankResult pretrain(const std::vector<std::string>& extra) const {
+    std::vector<std::string> argv = pretrain_args(extra);
+    argv.insert(argv.begin(), kPretrain);
     return run_command(argv, kDeadline);
   }
   RankResult checkpoint(std::vector<std::string> args) const {
@@ -356,6 +355,29 @@ TEST_F(CheckpointConvert, BothWaysResumesBitExact) {
       EXPECT_EQ(resumed_losses.at(iteration), expected.at(iteration)) << converted << " iteration " << iteration;
     }
   }
+
+  // Under a launcher convert writes the launched layout: the one-rank torch_dist save as a tp2 legacy checkpoint (one
+  // file per tensor-parallel rank), from which a tp2 run goes on exactly as a tp2 run resharding the source does.
+  const fs::path tp2 = root_ / "tp2";
+  const std::string tp2_size = "parallelism.tensor_model_parallel_size=2";
+  for (const RankResult& rank :
+       run_ranks(kCheckpoint, {"convert", dist.string(), tp2.string(), "--to", "torch", tp2_size}, 2, kDeadline)) {
+    EXPECT_EQ(rank.exit_code, 0) << rank.output;
+  }
+  for (const char* file : {"mp_rank_00", "mp_rank_01"}) {
+    EXPECT_TRUE(fs::exists(tp2 / "iter_0000003" / file / "model_optim_rng.pt")) << file;
+  }
+  EXPECT_EQ(checkpoint({"verify", tp2.string()}).exit_code, 0);
+  std::map<int, std::string> at_tp2[2];
+  for (int from_converted = 0; from_converted < 2; ++from_converted) {
+    const std::vector<std::string> args =
+        pretrain_args({tp2_size, "checkpoint.load=" + (from_converted ? tp2 : dist).string()});
+    const std::vector<RankResult> ranks = run_ranks(kPretrain, args, 2, kDeadline);
+    for (const RankResult& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    at_tp2[from_converted] = losses(ranks[0].output + ranks[1].output);  // the last rank logs
+  }
+  EXPECT_EQ(at_tp2[1].size(), 3U);
+  EXPECT_EQ(at_tp2[1], at_tp2[0]) << "the tp2 conversion trains on differently from the source resharded at tp2";
 }
 
 }  // namespace
