@@ -17,8 +17,8 @@
 # Usage: bench/checkpoint_kill_trials.sh [--ranks N] [--launcher torchrun|mpirun|PATH] [--hang-limit S]
 #            <bridge-pretrain> [trials] [seed] [key=value ...]  (the overrides go to every run: the killed one and the
 # resume)
-# Prints one line per trial (whether the kill landed inside a save: an iteration directory newer than the tracker or
-# a *.tmp file was left) and a summary; exits 1 when a trial fails: the run did not start saving, did not die of the
+# Prints one line per trial (whether the kill landed inside a save: an iteration directory newer than the tracker was
+# on disk at the kill, or was left, or a *.tmp file) and a summary; exits 1 when a trial fails: the run did not start saving, did not die of the
 # SIGKILL, outlived it (a rank or the launcher still running), or left a tracker naming a checkpoint that does not
 # verify or resume.
 set -euo pipefail
@@ -75,6 +75,16 @@ rank_pid() {
   done
 }
 now_ms() { date +%s%3N; }
+# Whether a save is under way: an iteration directory newer than the one the tracker names.
+saving() {
+  local tracked newest=0 d n
+  tracked=$(<"$dir/latest_checkpointed_iteration.txt") || return 1
+  for d in "$dir"/iter_*; do
+    n=${d##*/iter_}
+    [[ $n =~ ^[0-9]+$ ]] && ((10#$n > newest)) && newest=$((10#$n))
+  done
+  ((newest > 10#$tracked))
+}
 resumed=0
 failed=0
 inside=0
@@ -94,9 +104,9 @@ for ((trial = 1; trial <= trials; trial++)); do
   if ((ranks == 1)); then
     what="trial $trial (async_save=$async most_recent_k=$keep, killed ${delay_ms} ms after the first checkpoint)"
   else
-    # Three trials in four are aimed at a save: the kill comes 0 to 40 ms after the first save that starts once the
+    # Three trials in four are aimed at a save: the kill comes 0 to 25 ms after the first save that starts once the
     # delay is over (a save of this model takes some 30 to 60 ms); the fourth is killed wherever the delay ends.
-    aim_ms=$((RANDOM % 40))
+    aim_ms=$((RANDOM % 25))
     ((trial % 4 == 0)) && aim_ms=
     what="trial $trial (async_save=$async most_recent_k=$keep, rank $victim of $ranks killed ${delay_ms} ms after the first checkpoint${aim_ms:+ and $aim_ms ms into the next save})"
   fi
@@ -110,6 +120,7 @@ for ((trial = 1; trial <= trials; trial++)); do
   done
   if ((ranks == 1)); then
     sleep "$(printf '%d.%03d' $((delay_ms / 1000)) $((delay_ms % 1000)))"
+    saving_at_kill=$(saving && echo 1 || true)
     kill -KILL "$pid" 2>/dev/null || true
     status=0
     wait "$pid" 2>/dev/null || status=$?
@@ -125,17 +136,12 @@ for ((trial = 1; trial <= trials; trial++)); do
     if [[ -n $aim_ms ]]; then
       # Aimed: up to 5 s for the next save to start (an iteration directory newer than the tracker), then the kill.
       for ((polls = 0; polls < 1000; polls++)); do
-        tracked=$(<"$dir/latest_checkpointed_iteration.txt") || tracked=0
-        newest=0
-        for d in "$dir"/iter_*; do
-          n=${d##*/iter_}
-          [[ $n =~ ^[0-9]+$ ]] && ((10#$n > newest)) && newest=$((10#$n))
-        done
-        ((newest > tracked)) && break
+        saving && break
         sleep 0.005
       done
       sleep "0.$(printf '%03d' "$aim_ms")"
     fi
+    saving_at_kill=$(saving && echo 1 || true)
     if [[ -z $target ]] || ! kill -KILL "$target" 2>/dev/null; then
       kill -KILL "$pid" ${rank_pids[@]+"${rank_pids[@]}"} 2>/dev/null || true
       wait "$pid" 2>/dev/null || true
@@ -173,17 +179,19 @@ for ((trial = 1; trial <= trials; trial++)); do
   fi
   latest=$(<"$dir/latest_checkpointed_iteration.txt")
   next=$((latest + 1))
-  # Inside a save: the kill left an iteration newer than the tracker, or a file under its temporary name.
+  # Inside a save: an iteration newer than the tracker was on disk when the kill came (the survivors of a job may
+  # remove it as their save fails), or the kill left one, or a file under its temporary name.
   where="between saves"
+  [[ -n $saving_at_kill ]] && where="inside a save"
   for leftover in "$dir"/iter_* "$dir"/*.tmp* "$dir"/*/*.tmp*; do
     [[ -e $leftover ]] || continue
     name=${leftover#"$dir"/iter_}
     if [[ $leftover == *.tmp* ]] || { [[ $name =~ ^[0-9]+$ ]] && ((10#$name > latest)); }; then
       where="inside a save"
-      inside=$((inside + 1))
       break
     fi
   done
+  [[ $where == "inside a save" ]] && inside=$((inside + 1))
   if ((ranks > 1)) && ! "$checkpoint_tool" verify "$dir" >"$work/verify.log" 2>&1; then
     fail "bridge-checkpoint verify refused iteration $latest, which the tracker names" "$work/verify.log"
     continue
