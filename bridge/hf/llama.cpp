@@ -12,6 +12,7 @@
 
 #include "bridge/hf/hf_files_internal.h"
 #include "bridge/models/qkv_layout.h"
+#include "bridge/models/rotary_pos_embedding.h"
 
 namespace bridge::hf {
 namespace {
@@ -346,6 +347,67 @@ std::string text(const models::MoELayerFreq& freq) {
   return out + "]";
 }
 
+// rope_type yarn as bridge's yarn_* fields (Megatron-Core's), with transformers' defaults
+// (_compute_yarn_parameters): original_max_position_embeddings the config's max_position_embeddings, a null factor
+// their ratio, beta_fast 32 and beta_slow 1 (0 too: transformers reads them with `or`), truncate true. The attention
+// factor: attention_factor when given; else transformers takes mscale / mscale_all_dim only when both are non-zero
+// and otherwise 0.1 ln(factor) + 1, which is Megatron-Core's with mscale 1 and mscale_all_dim 0.
+void read_yarn(const json& config, const json& rope, models::GPTConfig& gpt,
+               const std::function<void(const std::string&)>& refuse) {
+  const auto number = [&](const char* key, double fallback) {
+    const auto it = rope.find(key);
+    if (it == rope.end() || it->is_null()) return fallback;
+    if (!it->is_number()) refuse(std::string("rope_parameters' ") + key + " is " + it->dump() + ", not a number");
+    return it->get<double>();
+  };
+  const int64_t context = value_or<int64_t>(config, "max_position_embeddings", 4096);
+  gpt.position_embedding_type = models::PositionEmbeddingType::kYarn;
+  const double original = number("original_max_position_embeddings", static_cast<double>(context));
+  if (original < 1 || original != std::floor(original)) {
+    refuse("rope_parameters' original_max_position_embeddings is " + text(original) + "; it must be a whole >= 1");
+  }
+  gpt.yarn_original_max_position_embeddings = static_cast<int64_t>(original);
+  gpt.yarn_rotary_scaling_factor = number("factor", static_cast<double>(context) / original);
+  const double beta_fast = number("beta_fast", 0.0), beta_slow = number("beta_slow", 0.0);
+  gpt.yarn_beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;
+  gpt.yarn_beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+  gpt.yarn_correction_range_round_to_int = value_or<bool>(rope, "truncate", true);
+  const double mscale = number("mscale", 0.0), mscale_all_dim = number("mscale_all_dim", 0.0);
+  if (mscale != 0.0 && mscale_all_dim != 0.0) {
+    gpt.yarn_mscale = mscale;
+    gpt.yarn_mscale_all_dim = mscale_all_dim;
+  } else {
+    gpt.yarn_mscale = 1.0;
+    gpt.yarn_mscale_all_dim = 0.0;
+  }
+  if (const auto it = rope.find("attention_factor"); it != rope.end() && !it->is_null()) {
+    gpt.yarn_attention_factor = number("attention_factor", 1.0);
+  }
+}
+
+// YaRN's rope_parameters: Megatron-Core's mscales where transformers reads them the same (both non-zero), else the
+// attention factor itself unless it is transformers' default, 0.1 ln(factor) + 1.
+void write_yarn(const models::GPTConfig& config, json& rope) {
+  rope["factor"] = config.yarn_rotary_scaling_factor;
+  rope["original_max_position_embeddings"] = config.yarn_original_max_position_embeddings;
+  rope["beta_fast"] = config.yarn_beta_fast;
+  rope["beta_slow"] = config.yarn_beta_slow;
+  rope["truncate"] = config.yarn_correction_range_round_to_int;
+  models::GPTConfig derived = config;
+  derived.yarn_attention_factor.reset();
+  if (!config.yarn_attention_factor && config.yarn_mscale != 0.0 && config.yarn_mscale_all_dim != 0.0) {
+    rope["mscale"] = config.yarn_mscale;
+    rope["mscale_all_dim"] = config.yarn_mscale_all_dim;
+    return;
+  }
+  derived.yarn_mscale = 1.0;
+  derived.yarn_mscale_all_dim = 0.0;
+  const double factor = models::yarn_attention_factor(config);
+  if (config.yarn_attention_factor || factor != models::yarn_attention_factor(derived)) {
+    rope["attention_factor"] = factor;
+  }
+}
+
 // The model types bridge reads, for messages: "llama, mistral, ..., mixtral".
 std::string readable_types() {
   std::string out;
@@ -452,7 +514,7 @@ models::GPTConfig llama_config(const fs::path& directory) {
     refuse("hidden_act '" + act + "' is not one of bridge's (silu, gelu, gelu_pytorch_tanh)");
   }
   gpt.position_embedding_type = models::PositionEmbeddingType::kRope;
-  const json rope = rope_parameters(config);
+  json rope = rope_parameters(config);
   gpt.rotary_base = value_or<double>(rope, "rope_theta", 10000.0);
   gpt.rotary_percent =
       value_or<double>(rope, "partial_rotary_factor", value_or<double>(config, "partial_rotary_factor", 1.0));
@@ -465,8 +527,11 @@ models::GPTConfig llama_config(const fs::path& directory) {
     gpt.rope_scaling_high_freq_factor = value_or<double>(rope, "high_freq_factor", 4.0);
     gpt.rope_scaling_original_max_position_embeddings =
         value_or<int64_t>(rope, "original_max_position_embeddings", 8192);
+  } else if (rope_type == "yarn") {
+    read_yarn(config, rope, gpt, refuse);
   } else if (rope_type != "default") {
-    refuse("rope_type is '" + rope_type + "'; bridge's RoPE is the default one or Llama 3.1's scaling (llama3)");
+    refuse("rope_type is '" + rope_type +
+           "'; bridge's RoPE is the default one, Llama 3.1's scaling (llama3) or YaRN's (yarn)");
   }
   bool attention_bias = false, mlp_bias = false;
   switch (family->bias) {
@@ -528,7 +593,8 @@ void check_llama_config(const fs::path& directory, const models::GPTConfig& conf
   require(config.ffn_size() == theirs.ffn_size(), "ffn_hidden_size", std::to_string(theirs.ffn_size()));
   require(config.vocab_size == theirs.vocab_size, "vocab_size", std::to_string(theirs.vocab_size));
   require(config.normalization == theirs.normalization, "normalization", "RMSNorm");
-  require(config.position_embedding_type == theirs.position_embedding_type, "position_embedding_type", "rope");
+  require(config.position_embedding_type == theirs.position_embedding_type, "position_embedding_type",
+          std::string(models::to_string(theirs.position_embedding_type)));
   require(config.gated_linear_unit, "gated_linear_unit", "true");
   require(config.activation_func == theirs.activation_func, "activation_func",
           std::string(models::to_string(theirs.activation_func)));
@@ -553,6 +619,19 @@ void check_llama_config(const fs::path& directory, const models::GPTConfig& conf
         config.rope_scaling_original_max_position_embeddings == theirs.rope_scaling_original_max_position_embeddings,
         "rope_scaling_original_max_position_embeddings",
         std::to_string(theirs.rope_scaling_original_max_position_embeddings));
+  }
+  if (theirs.position_embedding_type == models::PositionEmbeddingType::kYarn) {
+    require(same(config.yarn_rotary_scaling_factor, theirs.yarn_rotary_scaling_factor), "yarn_rotary_scaling_factor",
+            text(theirs.yarn_rotary_scaling_factor));
+    require(config.yarn_original_max_position_embeddings == theirs.yarn_original_max_position_embeddings,
+            "yarn_original_max_position_embeddings", std::to_string(theirs.yarn_original_max_position_embeddings));
+    require(same(config.yarn_beta_fast, theirs.yarn_beta_fast), "yarn_beta_fast", text(theirs.yarn_beta_fast));
+    require(same(config.yarn_beta_slow, theirs.yarn_beta_slow), "yarn_beta_slow", text(theirs.yarn_beta_slow));
+    require(config.yarn_correction_range_round_to_int == theirs.yarn_correction_range_round_to_int,
+            "yarn_correction_range_round_to_int", flag(theirs.yarn_correction_range_round_to_int));
+    // The attention factor by its value: the mscales and an explicit yarn_attention_factor can spell the same one.
+    require(same(models::yarn_attention_factor(config), models::yarn_attention_factor(theirs)), "yarn_attention_factor",
+            text(models::yarn_attention_factor(theirs)));
   }
   require(config.share_embeddings_and_output_weights == theirs.share_embeddings_and_output_weights,
           "share_embeddings_and_output_weights", flag(theirs.share_embeddings_and_output_weights));
@@ -687,8 +766,7 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
   };
   need(family->refused == nullptr, family->refused != nullptr ? family->refused : "");
   need(config.normalization == models::Normalization::kRMSNorm, "its norms are RMSNorm (model.normalization)");
-  need(config.position_embedding_type == models::PositionEmbeddingType::kRope,
-       "its positions are RoPE (model.position_embedding_type)");
+  need(config.rotary(), "its positions are RoPE (model.position_embedding_type rope or yarn)");
   need(config.gated_linear_unit, "its MLP is gated (model.gated_linear_unit)");
   need(config.qk_layernorm == (family->qk_norm != QkNorm::kNone), std::string("q/k norms are ") +
                                                                       (family->qk_norm != QkNorm::kNone ? "" : "not ") +
@@ -759,6 +837,10 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
     rope["low_freq_factor"] = config.rope_scaling_low_freq_factor;
     rope["high_freq_factor"] = config.rope_scaling_high_freq_factor;
     rope["original_max_position_embeddings"] = config.rope_scaling_original_max_position_embeddings;
+  }
+  if (config.position_embedding_type == models::PositionEmbeddingType::kYarn) {
+    rope["rope_type"] = "yarn";
+    write_yarn(config, rope);
   }
   if (config.rotary_percent < 1.0) rope["partial_rotary_factor"] = config.rotary_percent;
   const char* act = config.activation_func == models::ActivationFunc::kSilu   ? "silu"

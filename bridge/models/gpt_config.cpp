@@ -16,6 +16,37 @@ using utils::require;
 
 std::string str(int64_t value) { return std::to_string(value); }
 
+// YaRN's fields (position_embedding_type yarn). Written so that NaN fails too: each is a number that the frequencies or
+// the attention factor divide by or take the logarithm of.
+void validate_yarn(const GPTConfig& config) {
+  const auto number = [](double value) { return std::to_string(value); };
+  require(!config.rope_scaling,
+          "model.rope_scaling (Llama 3.1's scaling) is on with model.position_embedding_type yarn; they are two "
+          "scalings of the same frequencies: set model.rope_scaling to false, or position_embedding_type to rope");
+  require(config.yarn_rotary_scaling_factor >= 1.0 && config.yarn_rotary_scaling_factor < 1e6,
+          "model.yarn_rotary_scaling_factor must be >= 1 (the new context over the original; Qwen3: 4), got " +
+              number(config.yarn_rotary_scaling_factor));
+  require(config.yarn_original_max_position_embeddings >= 1,
+          "model.yarn_original_max_position_embeddings must be >= 1 (the context the model was first trained at), "
+          "got " +
+              str(config.yarn_original_max_position_embeddings));
+  require(config.yarn_beta_slow > 0.0 && config.yarn_beta_slow < 1e6,
+          "model.yarn_beta_slow must be > 0 (rotations; the usual is 1), got " + number(config.yarn_beta_slow));
+  require(config.yarn_beta_fast >= config.yarn_beta_slow && config.yarn_beta_fast < 1e6,
+          "model.yarn_beta_fast (" + number(config.yarn_beta_fast) + ") must be >= model.yarn_beta_slow (" +
+              number(config.yarn_beta_slow) + "); the usual are 32 and 1");
+  require(config.yarn_mscale >= 0.0 && config.yarn_mscale < 1e6,
+          "model.yarn_mscale must be >= 0 (the usual is 1), got " + number(config.yarn_mscale));
+  require(config.yarn_mscale_all_dim >= 0.0 && config.yarn_mscale_all_dim < 1e6,
+          "model.yarn_mscale_all_dim must be >= 0 (0: the attention factor is 0.1 ln(factor) + 1), got " +
+              number(config.yarn_mscale_all_dim));
+  if (config.yarn_attention_factor) {
+    require(*config.yarn_attention_factor > 0.0 && *config.yarn_attention_factor < 1e6,
+            "model.yarn_attention_factor must be > 0 (or null: derived from the factor and the mscales), got " +
+                number(*config.yarn_attention_factor));
+  }
+}
+
 // Megatron-Core's TransformerConfig rules for the recompute_* fields, and the modules bridge can recompute.
 void validate_recompute(const GPTConfig& config, int pipeline_model_parallel_size) {
   if (!config.recompute_granularity) return;
@@ -87,7 +118,7 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
   require(
       layernorm_epsilon > 0.0 && layernorm_epsilon < 1.0,
       "model.layernorm_epsilon must be in (0, 1), got " + std::to_string(layernorm_epsilon) + "; the usual is 1e-5");
-  if (position_embedding_type == PositionEmbeddingType::kRope) {
+  if (rotary()) {
     require(
         rotary_base > 1.0 && rotary_base < 1e300,
         "model.rotary_base must be > 1, got " + std::to_string(rotary_base) + "; Llama 2 uses 10000, Llama 3 500000");
@@ -106,6 +137,7 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
       require(rope_scaling_original_max_position_embeddings >= 1,
               "model.rope_scaling_original_max_position_embeddings must be >= 1 (Llama 3.1: 8192)");
     }
+    if (position_embedding_type == PositionEmbeddingType::kYarn) validate_yarn(*this);
   }
   require(init_method_std > 0.0 && init_method_std <= 1.0, "model.init_method_std must be in (0, 1], got " +
                                                                std::to_string(init_method_std) +

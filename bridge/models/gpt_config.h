@@ -55,6 +55,7 @@ enum class Normalization { kLayerNorm, kRMSNorm };
 enum class PositionEmbeddingType {
   kLearnedAbsolute,  ///< a learned [seq_length, h] table added to the word embedding (GPT-2)
   kRope,             ///< rotary embeddings applied to queries and keys in every layer (Llama)
+  kYarn,             ///< rotary embeddings with YaRN's frequencies and attention factor (the yarn_* fields; Qwen)
   kNone,             ///< no position information besides the causal mask
 };
 
@@ -83,6 +84,7 @@ inline constexpr std::pair<Normalization, std::string_view> kNormalizationNames[
 inline constexpr std::pair<PositionEmbeddingType, std::string_view> kPositionEmbeddingTypeNames[] = {
     {PositionEmbeddingType::kLearnedAbsolute, "learned_absolute"},
     {PositionEmbeddingType::kRope, "rope"},
+    {PositionEmbeddingType::kYarn, "yarn"},
     {PositionEmbeddingType::kNone, "none"}};
 
 inline constexpr std::pair<RecomputeGranularity, std::string_view> kRecomputeGranularityNames[] = {
@@ -149,6 +151,20 @@ struct GPTConfig {
   double rope_scaling_low_freq_factor = 1.0;
   double rope_scaling_high_freq_factor = 4.0;
   int64_t rope_scaling_original_max_position_embeddings = 8192;
+  /// YaRN (position_embedding_type yarn; Megatron-Core's yarn_* fields and defaults, Hugging Face's rope_type yarn):
+  /// frequencies whose wavelength is below original / yarn_beta_fast rotations keep their value, those above
+  /// original / yarn_beta_slow are divided by the factor, a linear ramp between (its ends rounded outwards with
+  /// yarn_correction_range_round_to_int: Hugging Face's truncate); cos and sin are multiplied by the attention factor
+  /// get_mscale(factor, yarn_mscale) / get_mscale(factor, yarn_mscale_all_dim), get_mscale(s, m) = 0.1 m ln s + 1,
+  /// or by yarn_attention_factor when set (Hugging Face's attention_factor; Megatron-Core has no such field).
+  double yarn_rotary_scaling_factor = 1.0;
+  int64_t yarn_original_max_position_embeddings = 4096;
+  double yarn_beta_fast = 32.0;
+  double yarn_beta_slow = 1.0;
+  double yarn_mscale = 1.0;
+  double yarn_mscale_all_dim = 0.0;
+  bool yarn_correction_range_round_to_int = true;
+  std::optional<double> yarn_attention_factor;
   /// Biases on the linear layers (QKV, projection, both MLP layers); GPT-2 has them, Llama has none.
   bool add_bias_linear = true;
   /// A bias on QKV even without add_bias_linear (Qwen2).
@@ -244,6 +260,11 @@ struct GPTConfig {
   bool recomputes(std::string_view module) const;
   /// Channels of each head that RoPE rotates (head_dim x rotary_percent).
   int64_t rotary_dim() const;
+  /// Whether queries and keys are rotated: position_embedding_type rope or yarn.
+  bool rotary() const {
+    return position_embedding_type == PositionEmbeddingType::kRope ||
+           position_embedding_type == PositionEmbeddingType::kYarn;
+  }
   /// Throws std::invalid_argument naming the field ("model.num_attention_heads") for sizes that do not fit the layout.
   /// `expert_model_parallel_size` and `expert_tensor_parallel_size` (0 = the tensor-parallel size) check the MoE
   /// fields against the expert layout.

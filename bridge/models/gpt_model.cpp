@@ -56,7 +56,7 @@ GPTModelImpl::GPTModelImpl(const GPTConfig& config, const GPTChunkOptions& optio
       init_method_for(config, "embedding.position_embeddings.weight", config.init_method_std)(positions);
     }
   }
-  if (config.position_embedding_type == PositionEmbeddingType::kRope) rotary_pos_emb_.emplace(config);
+  if (config.rotary()) rotary_pos_emb_.emplace(config);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < options.num_layers; ++i) layers->push_back(TransformerLayer(config, options.first_layer + i));
   if (options.post_process) {

@@ -71,7 +71,7 @@ class GPTModelImpl : public torch::nn::Module {
   GPTConfig config_;
   GPTChunkOptions options_;
   int64_t padded_vocab_size_;
-  std::optional<RotaryEmbedding> rotary_pos_emb_;  ///< with position_embedding_type rope
+  std::optional<RotaryEmbedding> rotary_pos_emb_;  ///< with position_embedding_type rope or yarn
   bool sequence_parallel_;                         ///< model.sequence_parallel at tp > 1
   torch::Tensor input_tensor_;
 };

@@ -1,6 +1,7 @@
-// RoPE's frequencies (with Llama 3.1's scaling) and their application to queries and keys.
+// RoPE's frequencies (with Llama 3.1's or YaRN's scaling) and their application to queries and keys.
 #include "bridge/models/rotary_pos_embedding.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace bridge::models {
@@ -21,15 +22,66 @@ torch::Tensor llama3_scaled(const torch::Tensor& inv_freq, const GPTConfig& conf
   return torch::where(medium, smoothed, scaled);
 }
 
+// YaRN (transformers' _compute_yarn_parameters, Megatron-Core's YarnRotaryEmbedding.get_emb), in their order of
+// operations so that the frequencies are theirs to the bit: the dimension at which a frequency makes `rotations` turns
+// over the original context is d(r) = dim ln(original / (2 pi r)) / (2 ln base); below d(beta_fast) the frequency is
+// kept (extrapolated), above d(beta_slow) divided by the factor (interpolated), linearly blended between.
+torch::Tensor yarn_scaled(const torch::Tensor& powers, const GPTConfig& config) {
+  const int64_t dim = config.rotary_dim();
+  const double factor = config.yarn_rotary_scaling_factor, base = config.rotary_base;
+  const double original = static_cast<double>(config.yarn_original_max_position_embeddings);
+  const auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(base));
+  };
+  double low = correction_dim(config.yarn_beta_fast), high = correction_dim(config.yarn_beta_slow);
+  if (config.yarn_correction_range_round_to_int) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // both references' guard against a zero-width ramp
+  const torch::Tensor ramp = ((torch::arange(dim / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
+  const torch::Tensor extrapolated = 1 - ramp;  // the share of each frequency kept as it is
+  const torch::Tensor inv_freq_extrapolation = 1.0 / powers;
+  const torch::Tensor inv_freq_interpolation = 1.0 / (factor * powers);
+  return inv_freq_interpolation * (1 - extrapolated) + inv_freq_extrapolation * extrapolated;
+}
+
+double get_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// The scalings, one row each: which one a config has, and the frequencies and attention factor it gives from the
+// powers base^(2i / dim).
+struct Scaling {
+  bool (*applies)(const GPTConfig&);
+  torch::Tensor (*inv_freq)(const torch::Tensor& powers, const GPTConfig&);
+  double (*attention_factor)(const GPTConfig&);
+};
+const Scaling kScalings[] = {
+    {[](const GPTConfig& c) { return c.position_embedding_type == PositionEmbeddingType::kYarn; }, yarn_scaled,
+     yarn_attention_factor},
+    {[](const GPTConfig& c) { return c.rope_scaling; },
+     [](const torch::Tensor& powers, const GPTConfig& c) { return llama3_scaled(1.0 / powers, c); },
+     [](const GPTConfig&) { return 1.0; }},
+    {[](const GPTConfig&) { return true; }, [](const torch::Tensor& powers, const GPTConfig&) { return 1.0 / powers; },
+     [](const GPTConfig&) { return 1.0; }},
+};
+
 }  // namespace
+
+double yarn_attention_factor(const GPTConfig& config) {
+  if (config.yarn_attention_factor) return *config.yarn_attention_factor;
+  const double factor = config.yarn_rotary_scaling_factor;
+  return get_mscale(factor, config.yarn_mscale) / get_mscale(factor, config.yarn_mscale_all_dim);
+}
 
 RotaryEmbedding::RotaryEmbedding(const GPTConfig& config) {
   const int64_t dim = config.rotary_dim();
-  // As both references compute it: the exponents in fp32, the power of a double base.
+  // As the references compute it: the exponents in fp32, the power of a double base.
   const torch::Tensor exponents =
       torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
-  inv_freq_ = 1.0 / torch::pow(config.rotary_base, exponents);
-  if (config.rope_scaling) inv_freq_ = llama3_scaled(inv_freq_, config);
+  const torch::Tensor powers = torch::pow(config.rotary_base, exponents);
+  const Scaling& scaling = *std::find_if(std::begin(kScalings), std::end(kScalings),
+                                         [&](const Scaling& candidate) { return candidate.applies(config); });
+  inv_freq_ = scaling.inv_freq(powers, config);
+  attention_factor_ = scaling.attention_factor(config);
 }
 
 RotaryTables RotaryEmbedding::tables(const torch::Tensor& position_ids) const {
@@ -37,7 +89,9 @@ RotaryTables RotaryEmbedding::tables(const torch::Tensor& position_ids) const {
   // [b, s, dim / 2]: each position times each frequency, in fp32 whatever the model's dtype.
   const torch::Tensor freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [b, 1, s, dim]
-  return {emb.cos(), emb.sin()};
+  if (attention_factor_ == 1.0) return {emb.cos(), emb.sin()};
+  // YaRN: transformers and Megatron-Core both scale the fp32 tables, so q.k grows by the factor squared.
+  return {emb.cos() * attention_factor_, emb.sin() * attention_factor_};
 }
 
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& t, const RotaryTables& tables) {

@@ -1,5 +1,6 @@
 // Rotary position embeddings (Megatron-Core's RotaryEmbedding and apply_rotary_pos_emb, non-interleaved: the
-// rotate-half layout that transformers' Llama, Qwen and Mistral use too), with Llama 3.1's frequency scaling.
+// rotate-half layout that transformers' Llama, Qwen and Mistral use too), with Llama 3.1's frequency scaling or YaRN's
+// (Megatron-Core's YarnRotaryEmbedding: scaled frequencies, and cos and sin multiplied by an attention factor).
 //
 //   RotaryEmbedding rope(config);                             // the inverse frequencies, once
 //   RotaryTables tables = rope.tables(position_ids);          // cos and sin per position, [b, 1, s, rotary_dim]
@@ -20,18 +21,28 @@ struct RotaryTables {
 
 class RotaryEmbedding {
  public:
-  /// Reads rotary_base, rotary_dim() and the rope_scaling fields of `config`.
+  /// Reads rotary_base, rotary_dim() and the scaling's fields of `config` (rope_scaling*, or yarn_* with
+  /// position_embedding_type yarn).
   explicit RotaryEmbedding(const GPTConfig& config);
 
-  /// The tables for `position_ids` ([b, s] int64), on their device.
+  /// The tables for `position_ids` ([b, s] int64), on their device; cos and sin multiplied by attention_factor().
   RotaryTables tables(const torch::Tensor& position_ids) const;
 
-  /// [rotary_dim / 2] fp32: base^(-2i / rotary_dim), scaled as Llama 3.1 when rope_scaling is on.
+  /// [rotary_dim / 2] fp32: base^(-2i / rotary_dim), scaled as Llama 3.1 when rope_scaling is on, or as YaRN.
   const torch::Tensor& inv_freq() const { return inv_freq_; }
+
+  /// What cos and sin are multiplied by: YaRN's attention factor (yarn_attention_factor()), else 1.
+  double attention_factor() const { return attention_factor_; }
 
  private:
   torch::Tensor inv_freq_;
+  double attention_factor_ = 1.0;
 };
+
+/// YaRN's attention factor ("concentration factor", "mscale") of `config`: yarn_attention_factor when set, else
+/// get_mscale(factor, yarn_mscale) / get_mscale(factor, yarn_mscale_all_dim) with get_mscale(s, m) = 0.1 m ln(s) + 1
+/// (1 for s <= 1), as Megatron-Core's _yarn_get_concentration_factor.
+double yarn_attention_factor(const GPTConfig& config);
 
 /// Rotates the first rotary_dim channels of each head of `t` ([b, heads, s, head_dim]) by the tables' angles:
 /// t * cos + rotate_half(t) * sin, where rotate_half([x1, x2]) = [-x2, x1]. The rest pass through. In t's dtype.

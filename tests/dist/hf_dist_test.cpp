@@ -1,14 +1,16 @@
 // The Hugging Face bridges against transformers itself (tests/tools/hf_models.py, the tests' venv): tiny random
 // GPT-2, Llama (grouped queries, untied; Llama 3.1's rope scaling, tied), Mistral, Qwen2 (QKV biases) and Qwen3 (q/k
-// norms) models, and the Mixture-of-Experts Qwen3-MoE (a dense layer between MoE ones), Qwen2-MoE (a gated shared
-// expert, every second layer MoE) and Mixtral, loaded with checkpoint.pretrained_checkpoint=hf:<dir> give
-// transformers' logits to fp32 round-off at tp1, tp2, pp2 and pp2 x 2 virtual chunks, and the MoE ones at expert
-// parallelism 2 and tp2 x ep2 (real ranks); after a training step, bridge-export writes a directory that
-// AutoModelForCausalLM.from_pretrained loads, with the logits bridge had, keeping the source's context, token ids,
-// generation_config.json and tokenizer (AutoTokenizer loads it; a run started from the export uses it); the
-// TextGenerator's greedy continuation is transformers' generate()'s. The MoE config.json keys as bridge's moe_*
-// fields, an export's files as save_pretrained's, transformers 5.x's fused expert tensors read, a rank's own experts
-// read alone, and OLMoE (q/k norms across heads) refused saying why. Also the safetensors reader's errors.
+// norms; and with YaRN's rope scaling) models, and the Mixture-of-Experts Qwen3-MoE (a dense layer between MoE ones),
+// Qwen2-MoE (a gated shared expert, every second layer MoE) and Mixtral, loaded with
+// checkpoint.pretrained_checkpoint=hf:<dir> give transformers' logits to fp32 round-off at tp1, tp2, pp2 and pp2 x 2
+// virtual chunks, and the MoE ones at expert parallelism 2 and tp2 x ep2 (real ranks); after a training step,
+// bridge-export writes a directory that AutoModelForCausalLM.from_pretrained loads, with the logits bridge had, keeping
+// the source's context, token ids, generation_config.json and tokenizer (AutoTokenizer loads it; a run started from the
+// export uses it); the TextGenerator's greedy continuation is transformers' generate()'s. The MoE config.json keys as
+// bridge's moe_* fields, an export's files as save_pretrained's, transformers 5.x's fused expert tensors read, a rank's
+// own experts read alone, and OLMoE (q/k norms across heads) refused saying why. YaRN's rope_parameters (Qwen's,
+// DeepSeek's, and transformers' defaults) give transformers' own frequencies and attention factor, through import and
+// export. Also the safetensors reader's errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -24,6 +26,7 @@
 
 #include "bridge/hf/auto_bridge.h"
 #include "bridge/hf/hf_files_internal.h"
+#include "bridge/models/rotary_pos_embedding.h"
 #include "tests/dist/spawn.h"
 #include "utils/safetensors.h"
 
@@ -175,11 +178,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"llama", 1, 2, 0}, Layout{"llama", 1, 2, 2}, Layout{"llama31", 1, 1, 0},
                       Layout{"llama31", 2, 1, 0}, Layout{"mistral", 2, 1, 0}, Layout{"qwen2", 1, 1, 0},
                       Layout{"qwen2", 2, 1, 0}, Layout{"qwen3", 1, 1, 0}, Layout{"qwen3", 2, 1, 0},
-                      Layout{"qwen3", 1, 2, 0}, Layout{"qwen3_moe", 1, 1, 0}, Layout{"qwen3_moe", 2, 1, 0},
-                      Layout{"qwen3_moe", 1, 2, 0}, Layout{"qwen3_moe", 1, 1, 0, 2}, Layout{"qwen3_moe", 2, 1, 0, 2, 1},
-                      Layout{"qwen2_moe", 1, 1, 0}, Layout{"qwen2_moe", 1, 1, 0, 2}, Layout{"qwen2_moe", 2, 1, 0, 2, 1},
-                      Layout{"mixtral", 1, 1, 0}, Layout{"mixtral", 1, 1, 0, 2}, Layout{"mixtral", 2, 1, 0, 2, 1},
-                      Layout{"olmoe", 1, 1, 0}, Layout{"olmoe", 2, 1, 0}, Layout{"olmoe", 2, 1, 0, 2, 1}),
+                      Layout{"qwen3", 1, 2, 0}, Layout{"qwen3_yarn", 1, 1, 0}, Layout{"qwen3_moe", 1, 1, 0},
+                      Layout{"qwen3_moe", 2, 1, 0}, Layout{"qwen3_moe", 1, 2, 0}, Layout{"qwen3_moe", 1, 1, 0, 2},
+                      Layout{"qwen3_moe", 2, 1, 0, 2, 1}, Layout{"qwen2_moe", 1, 1, 0}, Layout{"qwen2_moe", 1, 1, 0, 2},
+                      Layout{"qwen2_moe", 2, 1, 0, 2, 1}, Layout{"mixtral", 1, 1, 0}, Layout{"mixtral", 1, 1, 0, 2},
+                      Layout{"mixtral", 2, 1, 0, 2, 1}, Layout{"olmoe", 1, 1, 0}, Layout{"olmoe", 2, 1, 0},
+                      Layout{"olmoe", 2, 1, 0, 2, 1}),
     [](const ::testing::TestParamInfo<Layout>& info) { return layout_name(info.param); });
 
 class HuggingFaceExport : public HuggingFace, public ::testing::WithParamInterface<const char*> {};
@@ -420,6 +424,117 @@ TEST_F(HuggingFace, MoeConfigJsonAsBridgesFields) {
               ::testing::IsSupersetOf({"model.num_moe_experts (null, config.json: 4)",
                                        "model.moe_layer_freq (1, config.json: [1, 0, 1, 1])",
                                        "model.moe_ffn_hidden_size (null, config.json: 32)"}));
+}
+
+// YaRN's rope_parameters, as Qwen's and DeepSeek's config.json carry them and with transformers' defaults for what is
+// absent, imported as bridge's yarn_* fields (Megatron-Core's) give the frequencies and attention factor that
+// transformers' own _compute_yarn_parameters computes from config.json; the export of each writes a config.json from
+// which transformers computes them again, and which bridge imports back to them.
+TEST_F(HuggingFace, YarnFrequenciesAndAttentionFactorAreTransformers) {
+  using bridge::hf::hf_model_config;
+  using bridge::models::GPTConfig;
+  using bridge::models::RotaryEmbedding;
+  using nlohmann::json;
+  const Reference& r = reference("qwen3_yarn");
+  json source;
+  std::ifstream(r.hf / "config.json") >> source;  // a Qwen3 with max_position_embeddings 16384
+  struct Case {
+    const char* name;
+    json rope;
+  };
+  const std::vector<Case> cases = {
+      {"qwen3",
+       {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}, {"original_max_position_embeddings", 4096}}},
+      // Both mscales: their ratio of get_mscale's is the attention factor.
+      {"deepseek_mscales",
+       {{"rope_type", "yarn"},
+        {"rope_theta", 10000.0},
+        {"factor", 40.0},
+        {"original_max_position_embeddings", 4096},
+        {"beta_fast", 32},
+        {"beta_slow", 1},
+        {"mscale", 1.0},
+        {"mscale_all_dim", 0.8}}},
+      // No original length: the config's max_position_embeddings.
+      {"original_from_context", {{"rope_type", "yarn"}, {"rope_theta", 1000000.0}, {"factor", 2.0}}},
+      {"explicit_untruncated_partial",
+       {{"rope_type", "yarn"},
+        {"rope_theta", 10000.0},
+        {"factor", 8.0},
+        {"original_max_position_embeddings", 64},
+        {"beta_fast", 16.0},
+        {"beta_slow", 2.0},
+        {"attention_factor", 0.9},
+        {"truncate", false},
+        {"partial_rotary_factor", 0.5}}},
+      // mscale without mscale_all_dim: transformers ignores it (0.1 ln 4 + 1).
+      {"mscale_alone",
+       {{"rope_type", "yarn"},
+        {"rope_theta", 10000.0},
+        {"factor", 4.0},
+        {"original_max_position_embeddings", 256},
+        {"mscale", 2.0}}},
+  };
+  const fs::path out = scratch("yarn");
+  const std::map<std::string, torch::Tensor> weights = bridge::hf::load_hf_weights(r.hf, hf_model_config(r.hf));
+  std::vector<GPTConfig> imported, reimported;
+  std::vector<std::string> directories;
+  for (const Case& c : cases) {
+    const fs::path from = out / c.name / "source", to = out / c.name / "exported";
+    fs::create_directories(from);
+    json config = source;
+    config["rope_parameters"] = c.rope;
+    std::ofstream(from / "config.json") << config.dump(2);
+    GPTConfig gpt = hf_model_config(from);
+    gpt.seq_length = 32;
+    bridge::hf::save_hf(to, weights, gpt);
+    imported.push_back(gpt);
+    reimported.push_back(hf_model_config(to));
+    directories.insert(directories.end(), {from.string(), to.string()});
+  }
+  std::vector<std::string> arguments = {"rope", (out / "rope.safetensors").string()};
+  arguments.insert(arguments.end(), directories.begin(), directories.end());
+  python(arguments);
+  const auto theirs = bridge::utils::read_safetensors(out / "rope.safetensors").tensors;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    const torch::Tensor inv_freq = theirs.at("inv_freq" + std::to_string(2 * i));
+    const double attention_factor = theirs.at("attention_factor" + std::to_string(2 * i)).item<double>();
+    const RotaryEmbedding ours(imported[i]), back(reimported[i]);
+    EXPECT_EQ(imported[i].position_embedding_type, bridge::models::PositionEmbeddingType::kYarn);
+    // The same operations in the same order: the frequencies to the bit.
+    EXPECT_TRUE(ours.inv_freq().equal(inv_freq)) << ours.inv_freq() << inv_freq;
+    EXPECT_DOUBLE_EQ(ours.attention_factor(), attention_factor);
+    // The export: transformers reads the same parameters from it, and bridge the same fields.
+    EXPECT_TRUE(theirs.at("inv_freq" + std::to_string(2 * i + 1)).equal(inv_freq));
+    EXPECT_DOUBLE_EQ(theirs.at("attention_factor" + std::to_string(2 * i + 1)).item<double>(), attention_factor);
+    EXPECT_TRUE(back.inv_freq().equal(inv_freq));
+    EXPECT_DOUBLE_EQ(back.attention_factor(), attention_factor);
+    EXPECT_EQ(bridge::hf::architecture_differences(imported[i], reimported[i]), std::vector<std::string>{});
+  }
+  // The fields, by Megatron-Core's names, and factors that are not 1 (so that dropping one shows above).
+  EXPECT_DOUBLE_EQ(imported[0].yarn_rotary_scaling_factor, 4.0);
+  EXPECT_EQ(imported[0].yarn_original_max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(RotaryEmbedding(imported[0]).attention_factor(), 0.1 * std::log(4.0) + 1);
+  EXPECT_DOUBLE_EQ(imported[1].yarn_mscale_all_dim, 0.8);
+  EXPECT_DOUBLE_EQ(RotaryEmbedding(imported[1]).attention_factor(),
+                   (0.1 * std::log(40.0) + 1) / (0.1 * 0.8 * std::log(40.0) + 1));
+  EXPECT_EQ(imported[2].yarn_original_max_position_embeddings, 16384);
+  EXPECT_EQ(imported[3].yarn_attention_factor, std::optional<double>(0.9));
+  EXPECT_FALSE(imported[3].yarn_correction_range_round_to_int);
+  EXPECT_DOUBLE_EQ(imported[3].yarn_beta_fast, 16.0);
+  EXPECT_EQ(RotaryEmbedding(imported[3]).inv_freq().numel(), 6);  // partial_rotary_factor 0.5 of 24 channels
+  EXPECT_DOUBLE_EQ(imported[4].yarn_mscale, 1.0);
+  // An hf: start with a YaRN model needs position_embedding_type yarn and the same attention factor.
+  GPTConfig rope = imported[0];
+  rope.position_embedding_type = bridge::models::PositionEmbeddingType::kRope;
+  EXPECT_THAT(thrown_by([&] { bridge::hf::check_hf_config(out / "qwen3" / "source", rope); }),
+              HasSubstr("model.position_embedding_type must be yarn"));
+  GPTConfig louder = imported[0];
+  louder.yarn_mscale = 2.0;
+  EXPECT_THAT(thrown_by([&] { bridge::hf::check_hf_config(out / "qwen3" / "source", louder); }),
+              HasSubstr("model.yarn_attention_factor must be 1.13863"));
+  fs::remove_all(out);
 }
 
 // What bridge cannot compute is refused at import, naming the file and the key: OLMoE's clip_qkv, Mixtral's router

@@ -19,6 +19,10 @@ downloads: each model is a tiny random one that transformers itself builds.
                                            SOURCE's does; prints each difference and exits 1 if there is one
   hf_models.py generate DIR IDS OUT N       greedy continuation of IDS' first row by N tokens ("tokens" in OUT),
                                            never an id of 257 or more (bridge's byte-level TextGenerator's rule)
+  hf_models.py rope OUT DIR...              transformers' own RoPE parameters of each DIR's config.json
+                                           (AutoConfig, then modeling_rope_utils' ROPE_INIT_FUNCTIONS of its
+                                           rope_type): "inv_freq<i>" [dim / 2] fp32 and "attention_factor<i>" [1]
+                                           fp64 of the i-th DIR to OUT
   hf_models.py fused SOURCE DIR             SOURCE saved to DIR as transformers 5.x holds it in memory
                                            (save_original_format=False): an MoE model's experts fused,
                                            mlp.experts.gate_up_proj [E, 2F, H] and down_proj [E, H, F], its router
@@ -26,7 +30,9 @@ downloads: each model is a tiny random one that transformers itself builds.
 
 FAMILY: gpt2; llama (grouped-query attention, untied, Llama 3's rope_theta, a tokenizer); llama31 (Llama 3.1's
 rope scaling, tied embeddings, a context of 128); mistral; qwen2 (QKV biases); qwen3 (q/k norms, a head width of its
-own); and the Mixture-of-Experts families, each with 4 experts of which a token takes 2: qwen3_moe (renormalised
+own); qwen3_yarn (Qwen3 with
+YaRN's rope_parameters as Qwen3's long-context configs carry them: factor 4 over an original 4096 positions, so the
+attention factor 0.1 ln 4 + 1 scales every score); and the Mixture-of-Experts families, each with 4 experts of which a token takes 2: qwen3_moe (renormalised
 weights, layer 1 dense), qwen2_moe (weights not renormalised, a gated shared expert, every second layer MoE),
 mixtral and olmoe (q/k norms over all heads: model.qk_layernorm_across_heads). Their routers' weights are scaled up (x10) after
 the perturbation, so that no token's k-th and (k+1)-th experts are near a tie that round-off could swap between
@@ -80,6 +86,11 @@ def config_of(family):
     if family == "qwen3":
         return transformers.Qwen3Config(**LLAMA_SHAPE, head_dim=24, tie_word_embeddings=False,
                                         use_sliding_window=False)
+    if family == "qwen3_yarn":  # the context the factor gives; the ramp's band is dimensions 3 to 9 of 12
+        return transformers.Qwen3Config(**{**LLAMA_SHAPE, "max_position_embeddings": 4 * 4096}, head_dim=24,
+                                        tie_word_embeddings=False, use_sliding_window=False,
+                                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                         "original_max_position_embeddings": 4096})
     if family == "qwen3_moe":  # layer 1 in mlp_only_layers: a dense MLP of intermediate_size between MoE layers
         return transformers.Qwen3MoeConfig(**LLAMA_SHAPE, **MOE, head_dim=24, moe_intermediate_size=32,
                                            norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False,
@@ -201,10 +212,22 @@ def generate(directory, ids_path, out_path, tokens):
     save_file({"tokens": greedy(load(directory), load_file(ids_path)["ids"][:1], int(tokens))}, out_path)
 
 
+def rope(out_path, *directories):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    tensors = {}
+    for i, directory in enumerate(directories):
+        config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, "cpu")
+        tensors[f"inv_freq{i}"] = inv_freq.float().contiguous()
+        tensors[f"attention_factor{i}"] = torch.tensor([attention_factor], dtype=torch.float64)
+    save_file(tensors, out_path)
+
+
 def fused(source, directory):
     load(source).save_pretrained(directory, save_original_format=False)
 
 
 if __name__ == "__main__":
-    commands = {"make": make, "logits": logits, "exported": exported, "generate": generate, "fused": fused}
+    commands = {"make": make, "logits": logits, "exported": exported, "generate": generate, "fused": fused,
+                "rope": rope}
     commands[sys.argv[1]](*sys.argv[2:])

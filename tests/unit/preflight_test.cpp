@@ -20,6 +20,7 @@
 namespace bridge::training {
 namespace {
 
+using models::GPTConfig;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -77,6 +78,32 @@ TEST(Validate, NonFiniteAndOutOfRangeFloatsNameTheKey) {
   EXPECT_THAT(validation_error([](ConfigContainer& c) { c.mixed_precision.initial_loss_scale = kInf; }),
               HasSubstr("both finite"));
   EXPECT_EQ(validation_error([](ConfigContainer&) {}), "<accepted>");
+}
+
+// YaRN's fields (position_embedding_type yarn) are refused out of range naming the key, NaN included; Llama 3.1's
+// scaling on top of YaRN is refused as two scalings.
+TEST(Validate, YarnFieldsNameTheKey) {
+  const auto yarn = [](const std::function<void(GPTConfig&)>& change) {
+    return validation_error([&](ConfigContainer& c) {
+      c.model.position_embedding_type = models::PositionEmbeddingType::kYarn;
+      c.model.yarn_rotary_scaling_factor = 4.0;
+      change(c.model);
+    });
+  };
+  EXPECT_EQ(yarn([](GPTConfig&) {}), "<accepted>");
+  const std::pair<std::function<void(GPTConfig&)>, const char*> refused[] = {
+      {[](GPTConfig& m) { m.yarn_rotary_scaling_factor = 0.5; }, "model.yarn_rotary_scaling_factor must be >= 1"},
+      {[](GPTConfig& m) { m.yarn_rotary_scaling_factor = std::nan(""); }, "model.yarn_rotary_scaling_factor must be"},
+      {[](GPTConfig& m) { m.yarn_original_max_position_embeddings = 0; },
+       "model.yarn_original_max_position_embeddings must be >= 1"},
+      {[](GPTConfig& m) { m.yarn_beta_slow = 0.0; }, "model.yarn_beta_slow must be > 0"},
+      {[](GPTConfig& m) { m.yarn_beta_fast = 0.5; }, "model.yarn_beta_fast (0.500000) must be >= model.yarn_beta_slow"},
+      {[](GPTConfig& m) { m.yarn_mscale = -1.0; }, "model.yarn_mscale must be >= 0"},
+      {[](GPTConfig& m) { m.yarn_mscale_all_dim = kInf; }, "model.yarn_mscale_all_dim must be >= 0"},
+      {[](GPTConfig& m) { m.yarn_attention_factor = 0.0; }, "model.yarn_attention_factor must be > 0"},
+      {[](GPTConfig& m) { m.rope_scaling = true; }, "set model.rope_scaling to false"},
+  };
+  for (const auto& [change, message] : refused) EXPECT_THAT(yarn(change), HasSubstr(message));
 }
 
 TEST(Validate, SizesThatOverflowNameEveryFactor) {
