@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -50,17 +51,19 @@ constexpr int kExitBadCommandLine = 2;
 std::vector<fs::path> iterations_to_verify(const fs::path& path, std::optional<int64_t> iteration, bool all) {
   std::error_code error;
   if (!fs::is_directory(path, error)) throw std::invalid_argument("no directory at '" + path.string() + "'");
-  if (fs::exists(path / "common.pt") || path.filename().string().rfind("iter_", 0) == 0) {
+  if (fs::exists(path / "common.pt") || bridge::training::iteration_of_directory_name(path.filename().string())) {
     if (iteration || all) throw std::invalid_argument(path.string() + " is an iteration directory itself");
     return {path};
   }
   if (all) {
-    std::vector<fs::path> found;
+    std::map<int64_t, fs::path> by_iteration;  // in iteration order, past 10^7 too
     for (const auto& entry : fs::directory_iterator(path)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.size() == 12 && name.rfind("iter_", 0) == 0) found.push_back(entry.path());
+      const std::optional<int64_t> named =
+          bridge::training::iteration_of_directory_name(entry.path().filename().string());
+      if (entry.is_directory() && named) by_iteration.emplace(*named, entry.path());
     }
-    std::sort(found.begin(), found.end());
+    std::vector<fs::path> found;
+    for (const auto& [iteration_number, directory] : by_iteration) found.push_back(directory);
     if (found.empty()) throw std::invalid_argument(path.string() + " holds no iter_* directories");
     return found;
   }

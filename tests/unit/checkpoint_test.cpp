@@ -294,6 +294,16 @@ TEST(Checkpoint, MostRecentKKeepsTheNewest) {
                                             "latest_train_state.pt"}));
 }
 
+// Megatron's iter_%07d: eight digits and more past 10^7 iterations, which keep-N and auto-resume must still see.
+TEST(Checkpoint, IterationDirectoryNamesRoundTripPastTenMillion) {
+  for (const int64_t iteration : {0L, 7L, 9999999L, 10000000L, 123456789L}) {
+    EXPECT_EQ(iteration_of_directory_name(checkpoint_directory_name(iteration)), iteration);
+  }
+  for (const char* other : {"iter_000007", "iter_00000x7", "iter_-000007", "iteration", "iter_0000007.tmp", "hf"}) {
+    EXPECT_EQ(iteration_of_directory_name(other), std::nullopt) << other;
+  }
+}
+
 TEST(Checkpoint, TwoStatefulCallbacksWithOneKeyAreAnError) {
   CallbackManager manager;
   manager.add(std::make_shared<StepCounter>("counter"));

@@ -73,10 +73,8 @@ std::pair<fs::path, int64_t> source_iteration(const ConvertRequest& request) {
     throw std::invalid_argument("no checkpoint directory at '" + request.source +
                                 "'; give a checkpoint.save directory or an iteration directory in it");
   }
-  const std::string name = source.filename().string();
-  if (name.size() == 12 && name.rfind("iter_", 0) == 0 &&
-      name.find_first_not_of("0123456789", 5) == std::string::npos) {
-    const int64_t iteration = std::stoll(name.substr(5));
+  if (const std::optional<int64_t> named = iteration_of_directory_name(source.filename().string())) {
+    const int64_t iteration = *named;
     if (request.iteration && *request.iteration != iteration) {
       throw std::invalid_argument(request.source + " is iteration " + std::to_string(iteration) + ", not --iteration " +
                                   std::to_string(*request.iteration));

@@ -77,12 +77,8 @@ std::map<int64_t, bool> checkpoint_iterations(const fs::path& root) {
   std::map<int64_t, bool> found;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(root, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() != 12 || name.rfind("iter_", 0) != 0 || !entry.is_directory()) continue;
-    try {
-      found[std::stoll(name.substr(5))] = complete_checkpoint(entry.path());
-    } catch (const std::exception&) {
-    }
+    const std::optional<int64_t> iteration = iteration_of_directory_name(entry.path().filename().string());
+    if (iteration && entry.is_directory()) found[*iteration] = complete_checkpoint(entry.path());
   }
   return found;
 }
@@ -164,6 +160,15 @@ std::string checkpoint_directory_name(int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
   return name;
+}
+
+std::optional<int64_t> iteration_of_directory_name(const std::string& name) {
+  constexpr std::size_t kPrefix = 5;  // "iter_"
+  if (name.size() < kPrefix + 7 || name.size() > kPrefix + 18 || name.rfind("iter_", 0) != 0 ||
+      name.find_first_not_of("0123456789", kPrefix) != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoll(name.substr(kPrefix));
 }
 
 std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& directory) {

@@ -21,6 +21,10 @@ namespace bridge::training {
 /// "iter_0000007": Megatron's directory name for an iteration.
 std::string checkpoint_directory_name(int64_t iteration);
 
+/// 7 of "iter_0000007" (and 12345678 of "iter_12345678": past 10^7 iterations the name grows); nullopt for any other
+/// name.
+std::optional<int64_t> iteration_of_directory_name(const std::string& name);
+
 /// The iteration latest_checkpointed_iteration.txt in `directory` names; nullopt when there is none. Throws when the
 /// file exists but does not hold an iteration.
 std::optional<int64_t> read_latest_checkpointed_iteration(const std::string& directory);

@@ -3,12 +3,14 @@
 #include "training/checkpointing/hf_checkpoint.h"
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "bridge/hf/auto_bridge.h"
 #include "training/checkpointing/checkpoint_strategy.h"
+#include "training/checkpointing/checkpointing.h"
 #include "training/checkpointing/hf_run_artifacts.h"
 #include "training/checkpointing/saved_checkpoint.h"
 #include "utils/durable_file.h"
@@ -22,12 +24,8 @@ namespace {
 
 // "20" of .../iter_0000020, for the bridge-export command an error suggests.
 std::string iteration_of(const fs::path& iteration_directory) {
-  const std::string name = iteration_directory.filename().string();
-  try {
-    return std::to_string(std::stoll(name.substr(5)));
-  } catch (const std::exception&) {
-    return "<N>";
-  }
+  const std::optional<int64_t> iteration = iteration_of_directory_name(iteration_directory.filename().string());
+  return iteration ? std::to_string(*iteration) : "<N>";
 }
 
 }  // namespace
