@@ -25,6 +25,7 @@
 
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "utils/host_allocator.h"
 
 namespace bridge::parallel::distributed {
 namespace {
@@ -323,11 +324,13 @@ void DistributedDataParallel::Impl::build_buffers(const std::vector<torch::Tenso
       const bool last = member + 1 == g.members.size();
       if (own || last || (config.overlap_grad_reduce && offset - bucket_start >= bucket_size)) close_bucket();
     }
-    torch::Tensor buffer = torch::zeros({offset}, g.options);
+    // Both buffers live as long as the model: outside malloc's heap, where they would pin the step's transients
+    // around them (utils/host_allocator.h).
+    torch::Tensor buffer = utils::zeros_outside_heap(offset, g.options);
     // Megatron's param buffer: the parameters become views of one buffer with the grad buffer's layout, so that each
     // bucket's updated shards are all-gathered straight into the parameters.
     torch::Tensor param_buffer;
-    if (scatter) param_buffer = torch::zeros({offset}, g.options.dtype(g.param_dtype));
+    if (scatter) param_buffer = utils::zeros_outside_heap(offset, g.options.dtype(g.param_dtype));
     const auto first_bucket = static_cast<int64_t>(buckets.size());
     for (const auto& [start, end] : ranges) {
       Bucket bucket;

@@ -176,7 +176,16 @@ int run_ddp(torch::Dtype dtype, bool overlap, bool average_in_collective, bool r
     config.bucket_size = 50;  // reverse order: b3+w3 | b2+w2 | b1+w1 = 3 buckets with overlap
     config.use_distributed_optimizer = reduce_scatter;
     config.overlap_param_gather = reduce_scatter && overlap;
+    // Under use_distributed_optimizer the parameters move into the param buffer: their own storages must be freed
+    // then, or the model's weights are held twice (nothing here but the parameters refers to them).
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> own_storages;
+    for (const torch::Tensor& param : model->params) own_storages.push_back(param.storage().getWeakStorageImpl());
     DistributedDataParallel ddp(model, config);
+    for (std::size_t i = 0; i < own_storages.size(); ++i) {
+      expect(own_storages[i].expired() == reduce_scatter,
+             "parameter " + std::to_string(i) + "'s own storage " +
+                 (reduce_scatter ? "outlived its move into the param buffer" : "was replaced without a param buffer"));
+    }
     expect(ddp.num_buckets() == (overlap ? 3 : 1), "num_buckets " + std::to_string(ddp.num_buckets()));
 
     bridge::training::OptimizerConfig optimizer_config;
