@@ -4,7 +4,8 @@
 //   cpp tokens_per_s=<x> step_ms=<median> best_ms=<fastest step> steps=<n> threads=<t> params=<count> attention=<a>
 //       dtype=<d> torch=<v> model_gflops=<per step> peak_rss_mb=<this process's peak resident memory>
 //       live_peak_mb=<peak bytes of live CPU tensors> predicted_mb=<the preflight's estimate>
-//       predicted_activations_mb=<its activations>
+//       predicted_activations_mb=<its activations> [cuda_peak_mb=<the caching allocator's peak of live bytes>
+//       cuda_reserved_peak_mb=<its peak reserved from the device, the GPU's counterpart of peak_rss_mb>]
 // Config overrides follow the flags as bridge-pretrain's: gpt_train_bench ... model.recompute_granularity=selective
 // Under torchrun each rank prints its own line, with rank=<r> and the per-rank prediction (the memory figures of
 // tensor and sequence parallelism):
@@ -33,9 +34,11 @@
 #include "bench/gpt_bench_model.h"
 #include "bridge/bridge.h"
 #include "training/config/config_yaml.h"
+#include "training/utils/cuda_memory.h"
 #include "training/utils/flop_utils.h"
 #include "training/utils/theoretical_memory.h"
 #include "utils/counting_allocator.h"
+#include "utils/host_allocator.h"
 
 namespace {
 
@@ -95,6 +98,9 @@ int main(int argc, char** argv) {
     // The log line reads losses back and prints; keep it out of every timed step.
     config.logging.log_interval = std::numeric_limits<int64_t>::max();
 
+    // pretrain() configures malloc and LibTorch's CPU allocator; here first, so that the counter below wraps bridge's
+    // allocator instead of keeping LibTorch's default in place (peak_rss_mb is then what bridge-pretrain's would be).
+    bridge::utils::configure_host_allocator();
     // Counts the bytes of live tensors from here on: the step's own memory, apart from what malloc keeps.
     bridge::utils::CountingCpuAllocator& live = bridge::utils::CountingCpuAllocator::install();
     int64_t params = 0;
@@ -177,6 +183,16 @@ int main(int argc, char** argv) {
         attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION, gflops,
         static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<double>(live.peak_bytes()) / kMiB,
         estimate.total() / kMiB, estimate.activations / kMiB);
+    // On a GPU the process's resident memory is the host side only: the device's figures are the caching allocator's.
+    const std::map<std::string, int64_t> cuda = bridge::training::utils::cuda_memory_stats();
+    if (!cuda.empty()) {
+      const auto stat = [&](const std::string& name) {
+        const auto found = cuda.find(name);
+        return found == cuda.end() ? 0.0 : static_cast<double>(found->second) / kMiB;
+      };
+      std::printf("cpp cuda_peak_mb=%.0f cuda_reserved_peak_mb=%.0f\n", stat("allocated_bytes.all.peak"),
+                  stat("reserved_bytes.all.peak"));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train_bench: %s\n", e.what());
     return 1;
