@@ -10,8 +10,9 @@
 // and the fp32 expert_bias included). Checkpoints are checkpoint.ckpt_format torch_dist (the default) unless a case
 // pins the legacy files (+ckpt_torch). torch_dist's own case: every rank of tp2 x dp2 writes its own DCP file, the
 // distributed optimizer's dp_reshardable buckets resume bit for bit and at another data-parallel size (another
-// tensor-parallel size refused), its fully_reshardable state at tp1 and pp2 x 2 chunks, and Python's
-// torch.distributed.checkpoint reads every weight equal to the legacy format's save of the same run.
+// tensor-parallel size refused), its fully_reshardable state at tp1 and pp2 x 2 chunks, Python's
+// torch.distributed.checkpoint reads every weight equal to the legacy format's save of the same run (tp2 x dp2, and the
+// MoE block at tp2 x pp2 x ep2), and the same state rewritten in Python as Megatron-Bridge writes it trains on alike.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -381,6 +382,33 @@ TEST(MoECheckpointResume, AMissingExpertParallelRankFileIsRefusedNamingIt) {
 // and every weight it reads, split back into bridge's names, equals the legacy format's save of the same
 // (deterministic) run: the legacy reader shares no code with the DCP writer. An MoE ep2 run in bf16 with the
 // distributed optimizer and the fp32 expert_bias resumes bit for bit.
+// Every tensor Python's DCP reader wrote to `from_python` (saved keys, layers stacked) equals the weight of the legacy
+// checkpoint in `legacy` (the same run saved in Megatron's files), and together they are all of its weights.
+void expect_python_tensors_equal_legacy(const fs::path& from_python, const fs::path& legacy, const std::string& what) {
+  SCOPED_TRACE(what);
+  const training::SavedWeights reference = training::load_saved_weights(legacy.string());
+  const training::ShardedKeyOptions options = training::ShardedKeyOptions::from(reference.config.model);
+  std::set<std::string> compared;
+  for (const auto& [key, tensor] : utils::read_safetensors(from_python).tensors) {
+    for (const training::NamedPart& part : training::named_parts(key, tensor.sizes().vec(), options)) {
+      torch::Tensor value = tensor;
+      for (int64_t index : part.prefix) value = value.select(0, index);
+      const auto found = reference.tensors.find(part.name);
+      if (found == reference.tensors.end()) {
+        ADD_FAILURE() << key << " holds " << part.name << ", which the legacy checkpoint does not have";
+        continue;
+      }
+      EXPECT_TRUE(torch::equal(value.to(torch::kFloat32), found->second))
+          << key << " -> " << part.name << " differs from the legacy checkpoint's";
+      compared.insert(part.name);
+    }
+  }
+  std::set<std::string> legacy_names;
+  for (const auto& [name, tensor] : reference.tensors) legacy_names.insert(name);
+  EXPECT_EQ(compared, legacy_names) << "Python's tensors cover other weights than the legacy checkpoint";
+  fs::remove(from_python);
+}
+
 TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython) {
   const fs::path saved = fresh_directory("torch_dist_save"), legacy = fresh_directory("torch_dist_legacy");
   // The Llama block: its SwiGLU fc1 is two chunks per tensor-parallel rank ([gate; up]), its QKV grouped.
@@ -430,27 +458,20 @@ TEST(TorchDistCheckpoint, EveryRankWritesResumesBitExactReshardsAndOpensInPython
   }
   EXPECT_TRUE(buckets > 0 && buckets % (2 * 3) == 0)
       << buckets << " tensors: param, exp_avg and exp_avg_sq of each bucket of both tensor-parallel ranks";
-  const training::SavedWeights reference = training::load_saved_weights(legacy.string());
-  const training::ShardedKeyOptions options = training::ShardedKeyOptions::from(reference.config.model);
-  std::set<std::string> compared;
-  for (const auto& [key, tensor] : utils::read_safetensors(from_python).tensors) {
-    for (const training::NamedPart& part : training::named_parts(key, tensor.sizes().vec(), options)) {
-      torch::Tensor value = tensor;
-      for (int64_t index : part.prefix) value = value.select(0, index);
-      const auto found = reference.tensors.find(part.name);
-      if (found == reference.tensors.end()) {
-        ADD_FAILURE() << key << " holds " << part.name << ", which the legacy checkpoint does not have";
-        continue;
-      }
-      EXPECT_TRUE(torch::equal(value.to(torch::kFloat32), found->second))
-          << key << " -> " << part.name << " differs from the legacy checkpoint's";
-      compared.insert(part.name);
-    }
-  }
-  std::set<std::string> legacy_names;
-  for (const auto& [name, tensor] : reference.tensors) legacy_names.insert(name);
-  EXPECT_EQ(compared, legacy_names) << "Python's tensors cover other weights than the legacy checkpoint";
-  fs::remove(from_python);
+  expect_python_tensors_equal_legacy(from_python, legacy, "tp2 x dp2, the Llama block");
+  // The MoE block at tp2 x pp2 x ep2: the experts a second axis of Megatron-Core's keys, each expert-parallel rank's
+  // experts its own chunks, the layers of both pipeline stages one axis.
+  const fs::path moe = fresh_directory("torch_dist_moe"), moe_legacy = fresh_directory("torch_dist_moe_legacy");
+  run("torch_dist_moe_first", 4, 2, 2, 0, kSteps / 2, moe.string(), "", "moe+ep2+etp1+sp");
+  run("torch_dist_moe_legacy_first", 4, 2, 2, 0, kSteps / 2, moe_legacy.string(), "", "moe+ep2+etp1+sp+ckpt_torch");
+  const fs::path moe_from_python = moe / "from_python.safetensors";
+  const RankResult moe_python = run_command(
+      {BRIDGE_TOOLS_PYTHON, BRIDGE_READ_TORCH_DIST, (moe / "iter_0000002").string(), moe_from_python.string()},
+      std::chrono::seconds(120));
+  ASSERT_EQ(moe_python.exit_code, 0) << moe_python.output;
+  expect_python_tensors_equal_legacy(moe_from_python, moe_legacy, "tp2 x pp2 x ep2, the MoE block");
+  fs::remove_all(moe);
+  fs::remove_all(moe_legacy);
 
   // dp_reshardable resumes at another data-parallel size (each rank reading its pieces' ranges from the other
   // size's chunks), and refuses another tensor-parallel size, naming it and the fix.
