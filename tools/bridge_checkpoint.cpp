@@ -22,7 +22,6 @@
 //
 // Exit status: 0 done (every file intact, or converted), 1 a file damaged or missing (or the conversion failed),
 // 2 bad command line or not a checkpoint (or an iteration the destination already holds).
-#include <algorithm>
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <filesystem>
@@ -115,10 +114,15 @@ Exit status: 0 done, 1 a file damaged or missing (verify) or the conversion fail
 checkpoint.
 )";
 
-// A bad command line: the error and where the options are.
-int bad_command_line(const std::exception& error) {
-  std::fprintf(stderr, "bridge-checkpoint: error: %s\nRun bridge-checkpoint --help for the options.\n",
-               bridge::utils::describe(error).c_str());
+// A bad command line: on rank 0 the error and where the options are; another rank says its error too, since it may see
+// what rank 0 did not (files on a disk of its own).
+int bad_command_line(const std::exception& error, int rank = 0) {
+  if (rank != 0) {
+    std::fprintf(stderr, "bridge-checkpoint: rank %d: error: %s\n", rank, bridge::utils::describe(error).c_str());
+  } else {
+    std::fprintf(stderr, "bridge-checkpoint: error: %s\nRun bridge-checkpoint --help for the options.\n",
+                 bridge::utils::describe(error).c_str());
+  }
   return kExitBadCommandLine;
 }
 
@@ -197,10 +201,7 @@ int run_convert(const cxxopts::ParseResult& args, const bridge::parallel::Launch
     if (env.rank == 0) std::fprintf(stderr, "bridge-checkpoint: error: %s\n", bridge::utils::describe(e).c_str());
     return kExitDamaged;
   } catch (const std::exception& e) {
-    if (env.rank == 0) return bad_command_line(e);
-    // Another rank may see what rank 0 did not (files on a disk of its own): it says so too.
-    std::fprintf(stderr, "bridge-checkpoint: rank %d: error: %s\n", env.rank, bridge::utils::describe(e).c_str());
-    return kExitBadCommandLine;
+    return bad_command_line(e, env.rank);
   }
   try {
     convert_checkpoint(plan);
@@ -238,10 +239,7 @@ int main(int argc, char** argv) {
                                                   : "unknown command '" + command + "': verify or convert");
     }
   } catch (const std::exception& e) {
-    if (env.rank == 0) return bad_command_line(e);
-    // Another rank may see what rank 0 did not (files on a disk of its own): it says so too.
-    std::fprintf(stderr, "bridge-checkpoint: rank %d: error: %s\n", env.rank, bridge::utils::describe(e).c_str());
-    return kExitBadCommandLine;
+    return bad_command_line(e, env.rank);
   }
   return command == "verify" ? run_verify(*args) : run_convert(*args, env);
 }

@@ -141,7 +141,6 @@ bool same_directory(const fs::path& a, const fs::path& b) {
 // (its config) and the flags that stand in for what it did not: the source is --hf-source or the run's
 // checkpoint.pretrained_checkpoint=hf:<dir>; the tokenizer --tokenizer, else the run's tokenizer section, else the
 // source's files. What cannot be found is a warning naming the flag that supplies it: the weights are written anyway.
-
 hf::HfArtifacts hf_artifacts_of_run(const ConfigContainer& run, const std::string& hf_source,
                                     const std::string& tokenizer_flag,
                                     const std::function<void(const std::string&)>& warn,

@@ -318,9 +318,8 @@ class TorchDistStrategy : public CheckpointStrategy {
                            saved_optimizer.at(c10::IValue(std::string("step"))).toInt() >= 0;
     if (options.optimizer && !saved_optimizer.contains(c10::IValue(std::string("step")))) {
       // Moments without a step count would restart Adam's bias correction: refused rather than guessed.
-      const std::string moments = std::string(kOptimizerState) + "exp_avg.";
-      for (const auto& [key, info] : reader.tensors()) {
-        if (key.rfind(moments, 0) != 0 && key.find(".exp_avg") == std::string::npos) continue;
+      for (const auto& [key, info] : reader.tensors()) {  // model space's exp_avg.<key> or a bucket's .exp_avg
+        if (key.rfind("optimizer.", 0) != 0 || key.find("exp_avg") == std::string::npos) continue;
         throw std::runtime_error(path + " holds the optimizer's moments (" + key +
                                  ") but no step count (common_state's optimizer.step, or Megatron-Core's "
                                  "optimizer.param_groups[].step): set checkpoint.no_load_optim=true to start the "
