@@ -42,7 +42,21 @@ overrides=("${@:4}")
 [[ -x "$program" ]] || { echo "no program $program: build the bridge-pretrain target first" >&2; exit 2; }
 [[ $ranks =~ ^[1-9][0-9]*$ ]] || { echo "$usage" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/bridge_kill_trials.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+pid=
+rank_pids=()
+# Whatever ends the script (ctest's timeout, ^C, an error) ends the job in flight too: the launcher and its children
+# (torchrun starts each rank in a session of its own, outside the launcher's process group) and the ranks found.
+cleanup() {
+  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    local job=("$pid" $(pgrep -P "$pid" 2>/dev/null) ${rank_pids[@]+"${rank_pids[@]}"})
+    kill -TERM "${job[@]}" 2>/dev/null || true
+    sleep 1
+    kill -KILL "${job[@]}" $(pgrep -P "$pid" 2>/dev/null) 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # Random tokens (no corpus to prepare), no evaluation, a save every step.
 common=(dataset.data_path=[] train.eval_iters=0 checkpoint.save_interval=1 logging.log_interval=1000)
@@ -96,10 +110,11 @@ fail() {
 }
 for ((trial = 1; trial <= trials; trial++)); do
   dir="$work/trial_$trial"
-  async=$([[ $((trial % 2)) == 0 ]] && echo true || echo false)
   keep=$((trial % 3 == 0 ? 2 : -1))
-  # Over each run of 2 * ranks trials, every rank is killed once with each kind of save.
-  victim=$((((trial - 1) / 2 + trial - 1) % ranks))
+  # Over each run of 2 * ranks trials, every rank is killed once with each kind of save: the ranks in turn, the kind
+  # of save flipping for a rank from one pass over them to the next (one process: synchronous, then asynchronous).
+  victim=$(((trial - 1) % ranks))
+  async=$([[ $(((victim + (trial - 1) / ranks) % 2)) == 1 ]] && echo true || echo false)
   delay_ms=$((RANDOM % 1000))
   if ((ranks == 1)); then
     what="trial $trial (async_save=$async most_recent_k=$keep, killed ${delay_ms} ms after the first checkpoint)"
@@ -197,8 +212,13 @@ for ((trial = 1; trial <= trials; trial++)); do
     continue
   fi
   # The resumed run loads on every rank, checks every tensor against the model, then trains one step and saves it.
-  if timeout 120 ${launch[@]+"${launch[@]}"} "$program" "${common[@]}" train.train_iters=$next checkpoint.save="$dir" \
-    >"$work/resume.log" 2>&1 &&
+  timeout -k 10 120 ${launch[@]+"${launch[@]}"} "$program" "${common[@]}" train.train_iters=$next \
+    checkpoint.save="$dir" >"$work/resume.log" 2>&1 &
+  pid=$!
+  rank_pids=()
+  resume_status=0
+  wait "$pid" || resume_status=$?
+  if ((resume_status == 0)) &&
     grep -q "loaded checkpoint .*iter_$(printf '%07d' "$latest") at iteration $latest" "$work/resume.log" &&
     [[ $(<"$dir/latest_checkpointed_iteration.txt") == "$next" ]]; then
     resumed=$((resumed + 1))
