@@ -45,12 +45,16 @@ trap 'rm -rf "$work"' EXIT
 run() {
   local name="$1"; shift
   # shellcheck disable=SC2016  # $0, $OMPI_COMM_WORLD_RANK and $@ are the rank's shell's
-  mpirun "${as_root[@]}" -np "$np" sh -c \
+  mpirun "${as_root[@]}" --oversubscribe -np "$np" sh -c \
     'exec /usr/bin/time -f "%M %R" -o "$0.rss.$OMPI_COMM_WORLD_RANK" "$@"' "$work/$name" "$pretrain" "$@" \
     >"$work/$name.log" 2>&1 || { echo "run_distopt_rss_bench.sh: $name failed:" >&2; tail -20 "$work/$name.log" >&2; exit 1; }
 }
 rss_mib() { for ((r = 0; r < np; ++r)); do awk '{printf "%.0f ", $1 / 1024}' "$work/$1.rss.$r"; done; }
-optimizer_mib() { grep -m1 -oE 'optimizer [0-9.]+ MiB' "$work/$1.log" | grep -oE '[0-9.]+'; }
+# The preflight's optimizer state, in MiB whichever unit it printed.
+optimizer_mib() {
+  grep -m1 -oE 'optimizer [0-9.]+ [KMG]iB' "$work/$1.log" |
+    awk '{f = $3 == "GiB" ? 1024 : ($3 == "KiB" ? 1 / 1024 : 1); printf "%.1f", $2 * f}'
+}
 training_s() { grep -m1 -oE 'training [0-9.]+ s' "$work/$1.log" | grep -oE '[0-9.]+'; }
 
 echo "| round | dp $np peak RSS (MiB, rank 0 / 1 ...) | distributed optimizer | saving (MiB, the smaller rank's) | predicted | saving / predicted | training s (dp $np / dist. opt.) |"
