@@ -174,25 +174,27 @@ int main(int argc, char** argv) {
         bridge::training::utils::num_floating_point_operations(config.model, config.train.micro_batch_size, /*tp=*/1) /
         1e9;
     if (world > 1) std::printf("cpp rank=%s world=%d\n", rank_env != nullptr ? rank_env : "?", world);
+    // On a GPU the process's resident memory is the host side only: the device's figures are the caching allocator's,
+    // on the main line (what run_gpt_train_bench.sh keeps) when the run used the device.
+    std::string cuda_fields;
+    const std::map<std::string, int64_t> cuda = bridge::training::utils::cuda_memory_stats();
+    const auto stat = [&](const std::string& name) {
+      const auto found = cuda.find(name);
+      return found == cuda.end() ? 0.0 : static_cast<double>(found->second) / kMiB;
+    };
+    if (stat("reserved_bytes.all.peak") > 0) {
+      cuda_fields = " cuda_peak_mb=" + std::to_string(std::lround(stat("allocated_bytes.all.peak"))) +
+                    " cuda_reserved_peak_mb=" + std::to_string(std::lround(stat("reserved_bytes.all.peak")));
+    }
     std::printf(
         "cpp tokens_per_s=%.1f step_ms=%.2f best_ms=%.2f steps=%zu threads=%d params=%lld attention=%s dtype=%s "
         "torch=%s model_gflops=%.2f peak_rss_mb=%.0f live_peak_mb=%.0f predicted_mb=%.0f "
-        "predicted_activations_mb=%.0f\n",
+        "predicted_activations_mb=%.0f%s\n",
         tokens / (ms / 1000.0), ms, step_ms.empty() ? 0.0 : *std::min_element(step_ms.begin(), step_ms.end()),
         step_ms.size(), threads, static_cast<long long>(params),
         attention == "auto" && TORCH_VERSION_MAJOR >= 2 ? "sdpa" : "unfused", dtype.c_str(), TORCH_VERSION, gflops,
         static_cast<double>(usage.ru_maxrss) / 1024.0, static_cast<double>(live.peak_bytes()) / kMiB,
-        estimate.total() / kMiB, estimate.activations / kMiB);
-    // On a GPU the process's resident memory is the host side only: the device's figures are the caching allocator's.
-    const std::map<std::string, int64_t> cuda = bridge::training::utils::cuda_memory_stats();
-    if (!cuda.empty()) {
-      const auto stat = [&](const std::string& name) {
-        const auto found = cuda.find(name);
-        return found == cuda.end() ? 0.0 : static_cast<double>(found->second) / kMiB;
-      };
-      std::printf("cpp cuda_peak_mb=%.0f cuda_reserved_peak_mb=%.0f\n", stat("allocated_bytes.all.peak"),
-                  stat("reserved_bytes.all.peak"));
-    }
+        estimate.total() / kMiB, estimate.activations / kMiB, cuda_fields.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train_bench: %s\n", e.what());
     return 1;
