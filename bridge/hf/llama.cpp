@@ -514,7 +514,7 @@ models::GPTConfig llama_config(const fs::path& directory) {
     refuse("hidden_act '" + act + "' is not one of bridge's (silu, gelu, gelu_pytorch_tanh)");
   }
   gpt.position_embedding_type = models::PositionEmbeddingType::kRope;
-  json rope = rope_parameters(config);
+  const json rope = rope_parameters(config);
   gpt.rotary_base = value_or<double>(rope, "rope_theta", 10000.0);
   gpt.rotary_percent =
       value_or<double>(rope, "partial_rotary_factor", value_or<double>(config, "partial_rotary_factor", 1.0));
