@@ -1,0 +1,34 @@
+// Causal attention over a sequence split across the context-parallel ranks by the load-balanced (zigzag) split
+// (utils.h), built from LibTorch operations and c10d, for each of Megatron-Core's cp_comm_type (which Megatron-Core
+// itself runs only inside Transformer Engine's context_parallel.py):
+//
+//   p2p         a ring: cp - 1 steps pass each rank's key/value block to the next rank (asynchronous send/recv)
+//               while attention runs on the block in hand; the partial results are merged by their log-sum-exp.
+//               The backward runs a second ring that carries the blocks' key/value gradients home.
+//   all_gather  the keys and values of the whole sequence gathered on every rank; the backward reduce-scatters
+//               their gradients.
+//   a2a         Ulysses: an all-to-all gives each rank cp-th of the heads over the whole sequence, attention runs
+//               there, and a second all-to-all gives the sequence back; the backward is the same pair reversed.
+//
+// Each rank's queries, keys and values are its two chunks in local order (chunks r and 2cp-1-r of 2 cp); the causal
+// mask is the one of the whole sequence: a query at global position i sees the keys at global positions <= i.
+//
+//   torch::Tensor context = context_parallel_attention(q, k, v, CpCommType::kP2P, get_context_parallel_group());
+#pragma once
+
+#include <torch/torch.h>
+
+#include "parallel/context_parallel/utils.h"
+#include "parallel/process_group.h"
+
+namespace bridge::parallel::context_parallel {
+
+/// The causal attention context of this rank's queries over the whole sequence's keys.
+/// q: [b, heads, s_local, head_dim]; k, v: [b, groups, s_local, head_dim] with heads a multiple of groups
+/// (grouped-query attention: query head i reads key/value head i / (heads / groups)); s_local = 2 x chunk. Returns
+/// [b, heads, s_local, head_dim] in q's dtype (bf16 and fp16 inputs accumulate the softmax in fp32), differentiable in
+/// q, k and v. `softmax_scale` 0 means 1 / sqrt(head_dim). A group of one is plain causal attention. No dropout.
+torch::Tensor context_parallel_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                         CpCommType comm_type, ProcessGroup& cp_group, double softmax_scale = 0.0);
+
+}  // namespace bridge::parallel::context_parallel
