@@ -16,8 +16,8 @@ namespace {
 
 struct State {
   RankLayout layout;
-  std::shared_ptr<ProcessGroup> tensor, pipeline, data, data_with_cp, context, model, tensor_and_data, embedding,
-      position_embedding;
+  std::shared_ptr<ProcessGroup> tensor, pipeline, data, data_with_cp, context, model, tensor_and_data,
+      tensor_and_context, tensor_and_data_with_cp, embedding, position_embedding;
   std::shared_ptr<ProcessGroup> expert_model, expert_tensor, expert_tensor_and_model, expert_tensor_model_pipeline,
       expert_data;
   std::optional<int> virtual_pipeline_rank;  // set iff there is a virtual pipeline, as in Megatron
@@ -38,8 +38,9 @@ State& require_state(const char* caller) {
 
 using GroupField = std::vector<int> RankLayout::*;
 
-// Makes groups that may repeat one already made (ep 1 with expert tp = tp repeats every dense group; ep = tp with
-// expert tp 1 makes ep = tp and expert dp = dp), sharing it instead of opening a second Gloo mesh over the same ranks.
+// Makes groups that may repeat one already made (cp 1 makes dp-cp = dp, tp-cp = tp and tp-dp-cp = tp-dp; ep 1 with
+// expert tp = tp repeats every dense group; ep = tp with expert tp 1 makes ep = tp and expert dp = dp), sharing it
+// instead of opening a second Gloo mesh over the same ranks.
 // Members must create common groups in the same order, so whether two kinds coincide is read from rank 0's layout,
 // which every rank computes alike: every rank then calls new_group for the same kinds. The groups are masked
 // orthogonal, each kind tiling the world with shifted copies of one rank pattern; when rank 0's groups of two kinds
@@ -84,27 +85,28 @@ void initialize_model_parallel(const ParallelOptions& options) {
   auto s = std::make_unique<State>();
   s->layout = compute_rank_layout(get_world_size(), get_rank(), options);
   const RankLayout& l = s->layout;
-  // Every rank is in exactly one group of each kind, and all ranks go through the kinds in this order.
-  s->tensor = new_group("tp", l.tensor_model_parallel);
-  s->pipeline = new_group("pp", l.pipeline_model_parallel);
-  s->data = new_group("dp", l.data_parallel);
-  // With cp = 1 these equal the dp group and a group of one: no second Gloo mesh for the same ranks.
-  s->data_with_cp = options.context_parallel_size == 1 ? s->data : new_group("dp-cp", l.data_parallel_with_cp);
-  s->context = new_group("cp", l.context_parallel);
-  s->model = new_group("mp", l.model_parallel);
-  s->tensor_and_data = new_group("tp-dp", l.tensor_and_data_parallel);
+  // Every rank is in exactly one group of each kind, and all ranks go through the kinds in this order. The combined
+  // kinds share a group made before them where their ranks coincide, which is read from rank 0's layout (see
+  // GroupReuse), the same on every rank: with cp 1, dp-cp is dp, tp-cp is tp and tp-dp-cp is tp-dp.
+  const RankLayout rank0 = compute_rank_layout(l.world_size, 0, options);
+  GroupReuse reuse(l, rank0);
+  const auto make_new = [&](const std::string& name, GroupField field) {
+    std::shared_ptr<ProcessGroup> group = new_group(name, l.*field);
+    reuse.add(field, group);
+    return group;
+  };
+  s->tensor = make_new("tp", &RankLayout::tensor_model_parallel);
+  s->pipeline = make_new("pp", &RankLayout::pipeline_model_parallel);
+  s->data = make_new("dp", &RankLayout::data_parallel);
+  s->context = make_new("cp", &RankLayout::context_parallel);
+  s->data_with_cp = reuse.make("dp-cp", &RankLayout::data_parallel_with_cp);
+  s->model = make_new("mp", &RankLayout::model_parallel);
+  s->tensor_and_data = make_new("tp-dp", &RankLayout::tensor_and_data_parallel);
+  s->tensor_and_context = reuse.make("tp-cp", &RankLayout::tensor_and_context_parallel);
+  s->tensor_and_data_with_cp = reuse.make("tp-dp-cp", &RankLayout::tensor_and_data_parallel_with_cp);
   if (!l.embedding.empty()) s->embedding = new_group("embd", l.embedding);
   if (!l.position_embedding.empty()) s->position_embedding = new_group("pos-embd", l.position_embedding);
   // The expert generator's groups, in this order on every rank. A shared group keeps its first name in errors.
-  const RankLayout rank0 = compute_rank_layout(l.world_size, 0, options);
-  GroupReuse reuse(l, rank0);
-  reuse.add(&RankLayout::tensor_model_parallel, s->tensor);
-  reuse.add(&RankLayout::pipeline_model_parallel, s->pipeline);
-  reuse.add(&RankLayout::data_parallel, s->data);
-  reuse.add(&RankLayout::data_parallel_with_cp, s->data_with_cp);
-  reuse.add(&RankLayout::context_parallel, s->context);
-  reuse.add(&RankLayout::model_parallel, s->model);
-  reuse.add(&RankLayout::tensor_and_data_parallel, s->tensor_and_data);
   s->expert_model = reuse.make("ep", &RankLayout::expert_model_parallel);
   s->expert_tensor = reuse.make("etp", &RankLayout::expert_tensor_parallel);
   s->expert_tensor_and_model = reuse.make("tp-ep", &RankLayout::expert_tensor_and_model_parallel);
@@ -188,14 +190,26 @@ ProcessGroup& get_data_parallel_group(bool with_context_parallel) {
   State& s = require_state("get_data_parallel_group");
   return with_context_parallel ? *s.data_with_cp : *s.data;
 }
+int get_data_parallel_rank(bool with_context_parallel) { return get_data_parallel_group(with_context_parallel).rank(); }
+int get_data_parallel_world_size(bool with_context_parallel) {
+  return get_data_parallel_group(with_context_parallel).size();
+}
+
 ProcessGroup& get_context_parallel_group() { return *require_state("get_context_parallel_group").context; }
-int get_data_parallel_rank() { return get_data_parallel_group().rank(); }
-int get_data_parallel_world_size() { return get_data_parallel_group().size(); }
+const std::vector<int>& get_context_parallel_global_ranks() { return get_context_parallel_group().global_ranks(); }
+int get_context_parallel_rank() { return get_context_parallel_group().rank(); }
+int get_context_parallel_world_size() { return get_context_parallel_group().size(); }
 
 ProcessGroup& get_model_parallel_group() { return *require_state("get_model_parallel_group").model; }
-ProcessGroup& get_tensor_and_data_parallel_group() {
-  return *require_state("get_tensor_and_data_parallel_group").tensor_and_data;
+ProcessGroup& get_tensor_and_data_parallel_group(bool with_context_parallel) {
+  State& s = require_state("get_tensor_and_data_parallel_group");
+  return with_context_parallel ? *s.tensor_and_data_with_cp : *s.tensor_and_data;
 }
+ProcessGroup& get_tensor_and_context_parallel_group() {
+  return *require_state("get_tensor_and_context_parallel_group").tensor_and_context;
+}
+int get_tensor_and_context_parallel_rank() { return get_tensor_and_context_parallel_group().rank(); }
+int get_tensor_and_context_parallel_world_size() { return get_tensor_and_context_parallel_group().size(); }
 
 ProcessGroup* get_embedding_group() { return require_state("get_embedding_group").embedding.get(); }
 bool is_rank_in_embedding_group(bool ignore_virtual) {

@@ -1,7 +1,8 @@
-// Megatron-Core's parallel_state: initialize_model_parallel creates this rank's tensor-, pipeline-, data- and
-// model-parallel groups, the embedding group (first and last pipeline stage), the position-embedding group (first
-// stage) and the expert groups of MoE layers (expert-model, expert-tensor and expert-data parallel, see
-// rank_layout.h), and the getters answer by Megatron's names.
+// Megatron-Core's parallel_state: initialize_model_parallel creates this rank's tensor-, pipeline-, data-, context-
+// and model-parallel groups with their combinations (dp-cp, tp-cp, tp-dp, tp-dp-cp), the embedding group (first and
+// last pipeline stage), the position-embedding group (first stage) and the expert groups of MoE layers
+// (expert-model, expert-tensor and expert-data parallel, see rank_layout.h), and the getters answer by Megatron's
+// names.
 //
 //   bridge::parallel::init_distributed();
 //   bridge::parallel::initialize_model_parallel(/*tp=*/2, /*pp=*/2);
@@ -10,6 +11,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "parallel/process_group.h"
 #include "parallel/rank_layout.h"
@@ -49,15 +51,29 @@ std::optional<int> get_virtual_pipeline_model_parallel_world_size();
 std::optional<int> get_virtual_pipeline_model_parallel_rank();
 void set_virtual_pipeline_model_parallel_rank(int rank);
 
-/// The data-parallel group; with `with_context_parallel`, data x context parallel (gradients are reduced over it).
+/// The data-parallel group (the replicas that read different batches); with `with_context_parallel`, data x context
+/// parallel: all ranks with the same weights, over which gradients are reduced, the optimizer is sharded and one
+/// checkpoint writer is elected. Equal without context parallelism.
 ProcessGroup& get_data_parallel_group(bool with_context_parallel = false);
+int get_data_parallel_rank(bool with_context_parallel = false);
+int get_data_parallel_world_size(bool with_context_parallel = false);
+
+/// The ranks that split one sequence (options.context_parallel_size), as Megatron-Core's _CONTEXT_PARALLEL_GROUP.
 ProcessGroup& get_context_parallel_group();
-int get_data_parallel_rank();
-int get_data_parallel_world_size();
+const std::vector<int>& get_context_parallel_global_ranks();
+int get_context_parallel_rank();
+int get_context_parallel_world_size();
 
 /// Tensor x pipeline: the group that reduces gradient-norm statistics.
 ProcessGroup& get_model_parallel_group();
-ProcessGroup& get_tensor_and_data_parallel_group();
+/// Tensor x data parallel; with `with_context_parallel`, tensor x data x context: every rank of a pipeline stage
+/// (Megatron's _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP, which reduces expert-bias token counts).
+ProcessGroup& get_tensor_and_data_parallel_group(bool with_context_parallel = false);
+/// Tensor x context parallel: the ranks holding parts of the same sequences (Megatron's
+/// _TENSOR_AND_CONTEXT_PARALLEL_GROUP, the MoE aux-loss reduce group).
+ProcessGroup& get_tensor_and_context_parallel_group();
+int get_tensor_and_context_parallel_rank();
+int get_tensor_and_context_parallel_world_size();
 
 /// The embedding group, or nullptr on a rank outside it (middle pipeline stages).
 ProcessGroup* get_embedding_group();

@@ -53,10 +53,7 @@ RankLayout compute_rank_layout(int world_size, int rank, const ParallelOptions& 
   require(options.expert_tensor_parallel_size >= 0,
           "expert_tensor_parallel_size must be >= 1 (or 0 for tensor_model_parallel_size), got " +
               std::to_string(options.expert_tensor_parallel_size));
-  // Megatron-Core refuses both in one rank generator; its expert generator has no context axis.
-  require(ep == 1 || cp == 1, "expert_model_parallel_size (" + std::to_string(ep) + ") and context_parallel_size (" +
-                                  std::to_string(cp) + ") cannot both exceed 1; set one of them to 1");
-  require(cp == 1, "context_parallel_size must be 1 for now, got " + std::to_string(cp));
+  require(cp >= 1, "context_parallel_size must be >= 1, got " + std::to_string(cp));
   require(world_size % (tp * pp * cp) == 0,
           "world size " + std::to_string(world_size) + " is not divisible by tensor_model_parallel_size (" +
               std::to_string(tp) + ") x pipeline_model_parallel_size (" + std::to_string(pp) +
@@ -99,7 +96,8 @@ RankLayout compute_rank_layout(int world_size, int rank, const ParallelOptions& 
               std::to_string(layout.data_parallel_size) + "); use an order ending in pp such as tp-cp-ep-dp-pp");
   // Dense layers use a generator without the expert axis, as Megatron-Core does.
   const RankGenerator generator(tp, /*ep=*/1, layout.data_parallel_size, pp, cp, options.order);
-  // Experts use one without the context axis: etp x ep x edp over the same ranks as tp x cp x dp.
+  // Experts use one without the context axis (a generator may not have both ep and cp > 1): etp x ep x edp over the
+  // same ranks as tp x cp x dp, so with cp > 1 the expert data-parallel (or ep) ranks include the cp ranks.
   const RankGenerator expert_generator(etp, ep, layout.expert_data_parallel_size, pp, /*cp=*/1, options.order);
   // A rank must be on the same pipeline stage, with the same neighbours, in its dense and its expert layers. Megatron
   // asserts it; here it is a std::invalid_argument (a std::logic_error) that names the fix.
@@ -113,6 +111,8 @@ RankLayout compute_rank_layout(int world_size, int rank, const ParallelOptions& 
   layout.data_parallel_with_cp = group_containing(generator.get_ranks("dp-cp"), rank);
   layout.model_parallel = group_containing(generator.get_ranks("tp-pp"), rank);
   layout.tensor_and_data_parallel = group_containing(generator.get_ranks("tp-dp"), rank);
+  layout.tensor_and_context_parallel = group_containing(generator.get_ranks("tp-cp"), rank);
+  layout.tensor_and_data_parallel_with_cp = group_containing(generator.get_ranks("tp-dp-cp"), rank);
   const std::vector<int> embedding = embedding_ranks(layout.pipeline_model_parallel);
   if (std::find(embedding.begin(), embedding.end(), rank) != embedding.end()) layout.embedding = embedding;
   const std::vector<int> position = position_embedding_ranks(layout.pipeline_model_parallel);

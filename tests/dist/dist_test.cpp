@@ -1,5 +1,6 @@
 // Real multi-process tests: 2, 4 and 8 ranks on this machine check every collective on every group (the expert
-// groups of MoE layers too, each either a dense group's own object or a group of its own; 2 and 3 ranks the uneven
+// groups of MoE layers and the context-parallel combinations too, each either an earlier group's object or a group of
+// its own; 2 and 3 ranks the uneven
 // all-to-all of MoE token dispatch), a rank that
 // dies makes the others fail with a clear error within the timeout, and a rendezvous that cannot complete (a rank
 // missing, a wrong MASTER_PORT, the torchrun of another PyTorch) fails in one line within its own shorter limit.
@@ -52,6 +53,26 @@ TEST(Distributed, FourRanksExpertParallel) {
     SCOPED_TRACE("tp pp ep etp " + sizes[0] + " " + sizes[1] + " " + sizes[2] + " " + sizes[3]);
     expect_all_ok(run_ranks(kWorker, args, 4, std::chrono::seconds(180)));
   }
+}
+
+// Context parallelism (order tp-cp-ep-dp-pp): the cp, dp-cp, tp-cp and tp-dp-cp groups on real ranks, each combined
+// group sharing an earlier group where the ranks coincide (dp 1: dp-cp is cp; tp 1: tp-cp is cp), and expert
+// parallelism folded over dp x cp (cp 2 with ep 2: the ep pairs are the cp pairs).
+TEST(Distributed, FourRanksContextParallel) {
+  for (const std::vector<std::string>& sizes : std::vector<std::vector<std::string>>{{"1", "1", "2", "0", "2"},
+                                                                                     {"2", "1", "1", "0", "2"},
+                                                                                     {"1", "2", "1", "0", "2"},
+                                                                                     {"1", "1", "1", "0", "4"}}) {
+    std::vector<std::string> args = {"expert"};
+    args.insert(args.end(), sizes.begin(), sizes.end());
+    SCOPED_TRACE("tp pp ep etp cp " + sizes[0] + " " + sizes[1] + " " + sizes[2] + " " + sizes[3] + " " + sizes[4]);
+    expect_all_ok(run_ranks(kWorker, args, 4, std::chrono::seconds(180)));
+  }
+}
+
+// tp 2 x cp 2 x dp 2: every group kind has two or more members and tp-dp-cp is the world.
+TEST(Distributed, EightRanksTp2Cp2Dp2) {
+  expect_all_ok(run_ranks(kWorker, {"expert", "2", "1", "1", "0", "2"}, 8, std::chrono::seconds(300)));
 }
 
 // ProcessGroup::all_to_all with uneven splits (zero ones, a rank that sends nothing), both ways, on real ranks.

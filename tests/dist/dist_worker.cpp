@@ -3,8 +3,10 @@
 //   dist_worker groups <tp> <pp> [timeout_ms] [vpp]
 //                                               initialise, build the parallel groups, and check every collective
 //                                               on every group against values computed from the global ranks
-//   dist_worker expert <tp> <pp> <ep> <etp>     the same with expert parallelism (etp 0: = tp), and that each
-//                                               expert group with a dense group's ranks shares its object
+//   dist_worker expert <tp> <pp> <ep> <etp> [cp]
+//                                               the same with expert parallelism (etp 0: = tp) and context
+//                                               parallelism (default 1), and that each expert or combined (dp-cp,
+//                                               tp-cp, tp-dp-cp) group with an earlier group's ranks shares its object
 //   dist_worker reinit                          tp=2 groups, then pp=2 groups, then a new world, in one process
 //   dist_worker dead_rank [timeout_ms]          the last rank dies; every other rank must get a CommunicationError
 //   dist_worker stalled_rank [timeout_ms]       the last rank lives (for 3x the timeout) but skips the collective;
@@ -16,6 +18,7 @@
 //                                               "rank <r>: failed after <s> s: <error>" and exits 3
 //
 // Exit 0 on success; failures print what differed and exit 1.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -159,6 +162,25 @@ void check_all_groups(int pp) {
   check_group(get_data_parallel_group(), expected.data_parallel);
   check_group(get_model_parallel_group(), expected.model_parallel);
   check_group(get_tensor_and_data_parallel_group(), expected.tensor_and_data_parallel);
+  check_group(get_context_parallel_group(), expected.context_parallel);
+  check_group(get_data_parallel_group(/*with_context_parallel=*/true), expected.data_parallel_with_cp);
+  check_group(get_tensor_and_context_parallel_group(), expected.tensor_and_context_parallel);
+  check_group(get_tensor_and_data_parallel_group(/*with_context_parallel=*/true),
+              expected.tensor_and_data_parallel_with_cp);
+  expect(get_context_parallel_global_ranks() == expected.context_parallel &&
+             get_context_parallel_rank() == expected.context_parallel_rank() &&
+             get_context_parallel_world_size() == expected.options.context_parallel_size,
+         "context-parallel ranks, rank and size");
+  expect(get_data_parallel_rank() == expected.data_parallel_rank() &&
+             get_data_parallel_world_size() == expected.data_parallel_size &&
+             get_data_parallel_rank(/*with_context_parallel=*/true) == expected.data_parallel_rank(true) &&
+             get_data_parallel_world_size(/*with_context_parallel=*/true) ==
+                 expected.data_parallel_size * expected.options.context_parallel_size,
+         "data-parallel rank and size, with and without cp");
+  expect(get_tensor_and_context_parallel_rank() == expected.rank_in(expected.tensor_and_context_parallel) &&
+             get_tensor_and_context_parallel_world_size() ==
+                 expected.options.tensor_model_parallel_size * expected.options.context_parallel_size,
+         "tensor-and-context-parallel rank and size");
   expect((get_embedding_group() != nullptr) == !expected.embedding.empty(), "embedding membership");
   if (ProcessGroup* embedding = get_embedding_group()) check_group(*embedding, expected.embedding);
   if (ProcessGroup* position = get_position_embedding_group()) check_group(*position, expected.position_embedding);
@@ -215,44 +237,57 @@ int run_groups(int tp, int pp, std::chrono::milliseconds timeout, std::optional<
   return g_failures == 0 ? 0 : 1;
 }
 
-// Expert groups with the ranks of a dense group share its object (no second Gloo mesh over the same ranks); the others
-// are groups of their own.
-void check_expert_groups_shared() {
-  const std::vector<ProcessGroup*> dense = {&get_tensor_model_parallel_group(),   &get_pipeline_model_parallel_group(),
-                                            &get_data_parallel_group(),           &get_data_parallel_group(true),
-                                            &get_context_parallel_group(),        &get_model_parallel_group(),
-                                            &get_tensor_and_data_parallel_group()};
-  const std::vector<ProcessGroup*> expert = {&get_expert_model_parallel_group(), &get_expert_tensor_parallel_group(),
-                                             &get_expert_tensor_and_model_parallel_group(),
-                                             &get_expert_tensor_model_pipeline_parallel_group(),
-                                             &get_expert_data_parallel_group()};
-  for (ProcessGroup* group : expert) {
+// Expert and combined groups with the ranks of a group made before them share its object (no second Gloo mesh over
+// the same ranks); the others are groups of their own.
+void check_groups_shared() {
+  std::vector<ProcessGroup*> earlier = {&get_tensor_model_parallel_group(), &get_pipeline_model_parallel_group(),
+                                        &get_data_parallel_group(), &get_context_parallel_group()};
+  const std::vector<ProcessGroup*> later = {&get_data_parallel_group(/*with_context_parallel=*/true),
+                                            &get_model_parallel_group(),
+                                            &get_tensor_and_data_parallel_group(),
+                                            &get_tensor_and_context_parallel_group(),
+                                            &get_tensor_and_data_parallel_group(/*with_context_parallel=*/true),
+                                            &get_expert_model_parallel_group(),
+                                            &get_expert_tensor_parallel_group(),
+                                            &get_expert_tensor_and_model_parallel_group(),
+                                            &get_expert_tensor_model_pipeline_parallel_group(),
+                                            &get_expert_data_parallel_group()};
+  // mp and tp-dp are always groups of their own, as tp, pp, dp and cp are.
+  const std::vector<ProcessGroup*> always_new = {&get_model_parallel_group(), &get_tensor_and_data_parallel_group()};
+  for (ProcessGroup* group : later) {
+    const bool own = std::find(always_new.begin(), always_new.end(), group) != always_new.end();
     bool same_ranks = false, same_object = false;
-    for (ProcessGroup* d : dense) {
-      same_ranks = same_ranks || d->global_ranks() == group->global_ranks();
-      same_object = same_object || d == group;
+    for (ProcessGroup* e : earlier) {
+      same_ranks = same_ranks || e->global_ranks() == group->global_ranks();
+      same_object = same_object || e == group;
     }
-    expect(same_ranks == same_object,
-           "expert group [" + bridge::utils::join(group->global_ranks(), ",") + "] " +
-               (same_ranks ? "is a second group over a dense group's ranks" : "is a dense group with other ranks"));
+    if (!own) {
+      expect(same_ranks == same_object, "group '" + group->name() + "' [" +
+                                            bridge::utils::join(group->global_ranks(), ",") + "] " +
+                                            (same_ranks ? "is a second group over an earlier group's ranks"
+                                                        : "is an earlier group with other ranks"));
+    }
+    earlier.push_back(group);
   }
 }
 
-int run_expert(int tp, int pp, int ep, int etp) {
+int run_expert(int tp, int pp, int ep, int etp, int cp) {
   init_distributed({Backend::kGloo, std::chrono::seconds(60)});
   ParallelOptions options;
   options.tensor_model_parallel_size = tp;
   options.pipeline_model_parallel_size = pp;
   options.expert_model_parallel_size = ep;
   options.expert_tensor_parallel_size = etp;
+  options.context_parallel_size = cp;
   initialize_model_parallel(options);
   check_all_groups(pp);
-  check_expert_groups_shared();
-  std::printf("rank %d of %d: ep %d/%d etp %d/%d edp %d/%d: %s\n", get_rank(), get_world_size(),
-              get_expert_model_parallel_rank(), get_expert_model_parallel_world_size(),
-              get_expert_tensor_parallel_rank(), get_expert_tensor_parallel_world_size(),
-              get_expert_data_parallel_rank(), get_expert_data_parallel_world_size(),
-              g_failures == 0 ? "ok" : "FAILED");
+  check_groups_shared();
+  std::printf("rank %d of %d: cp %d/%d dp-cp %d/%d ep %d/%d etp %d/%d edp %d/%d: %s\n", get_rank(), get_world_size(),
+              get_context_parallel_rank(), get_context_parallel_world_size(), get_data_parallel_rank(true),
+              get_data_parallel_world_size(true), get_expert_model_parallel_rank(),
+              get_expert_model_parallel_world_size(), get_expert_tensor_parallel_rank(),
+              get_expert_tensor_parallel_world_size(), get_expert_data_parallel_rank(),
+              get_expert_data_parallel_world_size(), g_failures == 0 ? "ok" : "FAILED");
   destroy_distributed();
   return g_failures == 0 ? 0 : 1;
 }
@@ -457,7 +492,8 @@ int main(int argc, char** argv) {
       return run_groups(std::atoi(argv[2]), std::atoi(argv[3]), timeout, vpp);
     }
     if (scenario == "expert" && argc >= 6) {
-      return run_expert(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+      return run_expert(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
+                        argc > 6 ? std::atoi(argv[6]) : 1);
     }
     if (scenario == "reinit") return run_reinit();
     if (scenario == "all_to_all") return run_all_to_all();
@@ -469,7 +505,7 @@ int main(int argc, char** argv) {
       return run_stalled_rank(std::chrono::milliseconds(argc > 2 ? std::atoi(argv[2]) : 3000));
     }
     std::fprintf(stderr,
-                 "usage: dist_worker groups <tp> <pp> [timeout_ms] | expert <tp> <pp> <ep> <etp> | "
+                 "usage: dist_worker groups <tp> <pp> [timeout_ms] | expert <tp> <pp> <ep> <etp> [cp] | "
                  "dead_rank|stalled_rank [timeout_ms]\n");
     return 2;
   } catch (const std::exception& error) {

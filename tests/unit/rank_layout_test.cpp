@@ -1,6 +1,7 @@
 // Rank arithmetic against Megatron-Core: the world=8, tp=2, pp=2 groups from the reference exactly, the closed-form
 // coordinate formula for many layouts, every rank's view in one process, the expert groups of Megatron-Core's
-// expert rank generator (the table of moe_ep.md 2.1), and validation errors.
+// expert rank generator (the table of moe_ep.md 2.1), the context-parallel groups and their combinations (with
+// experts folded over dp x cp), and validation errors.
 #include "parallel/rank_layout.h"
 
 #include <gmock/gmock.h>
@@ -157,8 +158,15 @@ TEST(RankLayout, ValidationNamesTheFieldAndTheFix) {
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("needs pipeline_model_parallel_size > 1")));
   options = {};
   options.context_parallel_size = 2;
+  options.tensor_model_parallel_size = 2;
+  EXPECT_THAT([&] { compute_rank_layout(6, 0, options); },
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("world size 6 is not divisible by tensor_model_parallel_size (2) x "
+                            "pipeline_model_parallel_size (1) x context_parallel_size (2); launch a multiple of 4")));
+  options = {};
+  options.context_parallel_size = 0;
   EXPECT_THAT([&] { compute_rank_layout(2, 0, options); },
-              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("context_parallel_size must be 1 for now")));
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("context_parallel_size must be >= 1, got 0")));
   EXPECT_THAT([] { compute_rank_layout(4, 4, {}); },
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("rank 4 is outside the world of 4")));
 }
@@ -283,7 +291,8 @@ TEST(RankLayout, ExpertGroupsOfEveryRankMatchMegatronCore) {
       const RankLayout layout = compute_rank_layout(row.world, rank, options);
       EXPECT_EQ(layout.tensor_model_parallel, holding(row.tp_groups, rank));
       EXPECT_EQ(layout.data_parallel, holding(row.dp, rank));
-      EXPECT_EQ(layout.data_parallel_with_cp, holding(row.dp, rank));  // cp 1: dp-cp is dp
+      EXPECT_EQ(layout.data_parallel_with_cp, holding(row.dp, rank));  // cp 1: dp-cp is dp, tp-cp is tp
+      EXPECT_EQ(layout.tensor_and_context_parallel, holding(row.tp_groups, rank));
       EXPECT_EQ(layout.pipeline_model_parallel, holding(row.pp_groups, rank));
       EXPECT_EQ(layout.expert_model_parallel, holding(row.ep_groups, rank));
       EXPECT_EQ(layout.expert_tensor_parallel, holding(row.etp_groups, rank));
@@ -388,11 +397,12 @@ TEST(RankLayout, ExpertValidationNamesTheFieldAndTheFix) {
   EXPECT_THAT([&] { compute_rank_layout(2, 0, options); },
               ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("expert_tensor_parallel_size must be >= 1")));
   options = {};
-  options.expert_model_parallel_size = 2;
-  options.context_parallel_size = 2;
-  EXPECT_THAT([&] { compute_rank_layout(4, 0, options); },
+  options.expert_model_parallel_size = 4;
+  options.context_parallel_size = 2;  // ep may fold over dp x cp but not exceed it: 2 ranks hold 4 expert slices
+  EXPECT_THAT([&] { compute_rank_layout(2, 0, options); },
               ::testing::ThrowsMessage<std::invalid_argument>(
-                  HasSubstr("expert_model_parallel_size (2) and context_parallel_size (2) cannot both exceed 1")));
+                  HasSubstr("world size 2 is not divisible by expert_tensor_parallel_size (1) x "
+                            "expert_model_parallel_size (4) x pipeline_model_parallel_size (1)")));
 }
 
 // Megatron-Core's two assertions on orders that do not end in pp: equal data-parallel sizes, equal pipeline groups.
@@ -412,6 +422,191 @@ TEST(RankLayout, ExpertAndDenseLayersShareThePipelineGroups) {
   options.order = "tp-ep-pp-dp";  // expert tp x ep = tp: the pipeline strides agree
   EXPECT_EQ(compute_rank_layout(8, 0, options).pipeline_model_parallel, (std::vector<int>{0, 2}));
   EXPECT_EQ(compute_rank_layout(8, 0, options).expert_model_parallel, (std::vector<int>{0, 1}));
+}
+
+// Megatron-Core's groups with context parallelism (order tp-cp-ep-dp-pp, so rank = tp_rank + tp * (cp_rank + cp *
+// (dp_rank + dp * pp_rank)) in the dense generator and rank = etp_rank + etp * (ep_rank + ep * (edp_rank + edp *
+// pp_rank)) in the expert one), every group of each kind, worked out by hand from those formulas.
+struct ContextRow {
+  std::string name;
+  int world, tp, pp, cp, ep, etp;  // etp 0: the default, = tp
+  RankGroups tp_groups, cp_groups, dp, dp_cp, pp_groups, tp_cp, tp_dp, tp_dp_cp, model, ep_groups, edp;
+};
+
+const std::vector<ContextRow>& context_rows() {
+  static const std::vector<ContextRow> rows = {
+      // dp 2; the expert generator (etp 2, ep 1, edp 4) folds its data-parallel axis over cp x dp.
+      {"8: TP2 CP2 DP2",
+       8,
+       2,
+       1,
+       2,
+       1,
+       0,
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+       {{0, 4}, {1, 5}, {2, 6}, {3, 7}},
+       {{0, 2, 4, 6}, {1, 3, 5, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 1, 2, 3}, {4, 5, 6, 7}},
+       {{0, 1, 4, 5}, {2, 3, 6, 7}},
+       {{0, 1, 2, 3, 4, 5, 6, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 2, 4, 6}, {1, 3, 5, 7}}},
+      // dp 1: dp-cp is cp, tp-dp is tp and tp-dp-cp is tp-cp; expert dp (etp 2, edp 2) is cp.
+      {"8: TP2 CP2 PP2",
+       8,
+       2,
+       2,
+       2,
+       1,
+       0,
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+       {{0, 4}, {1, 5}, {2, 6}, {3, 7}},
+       {{0, 1, 2, 3}, {4, 5, 6, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 1, 2, 3}, {4, 5, 6, 7}},
+       {{0, 1, 4, 5}, {2, 3, 6, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}}},
+      // moe_ep.md 2.1's cp row: the ep pairs are the cp pairs, expert dp is dense dp.
+      {"4: CP2 EP2",
+       4,
+       1,
+       1,
+       2,
+       2,
+       0,
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}},
+       {{0, 1, 2, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}},
+       {{0, 1, 2, 3}},
+       {{0}, {1}, {2}, {3}},
+       {{0, 1}, {2, 3}},
+       {{0, 2}, {1, 3}}},
+      // ep 2 with expert tp 1 over tp 2: the ep pairs are the tp pairs, expert dp spans cp x dp.
+      {"8: TP2 CP2 DP2 EP2 ETP1",
+       8,
+       2,
+       1,
+       2,
+       2,
+       1,
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 2}, {1, 3}, {4, 6}, {5, 7}},
+       {{0, 4}, {1, 5}, {2, 6}, {3, 7}},
+       {{0, 2, 4, 6}, {1, 3, 5, 7}},
+       {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}},
+       {{0, 1, 2, 3}, {4, 5, 6, 7}},
+       {{0, 1, 4, 5}, {2, 3, 6, 7}},
+       {{0, 1, 2, 3, 4, 5, 6, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 1}, {2, 3}, {4, 5}, {6, 7}},
+       {{0, 2, 4, 6}, {1, 3, 5, 7}}},
+  };
+  return rows;
+}
+
+TEST(RankLayout, ContextParallelGroupsOfEveryRankMatchMegatronCore) {
+  for (const ContextRow& row : context_rows()) {
+    ParallelOptions options;
+    options.tensor_model_parallel_size = row.tp;
+    options.pipeline_model_parallel_size = row.pp;
+    options.context_parallel_size = row.cp;
+    options.expert_model_parallel_size = row.ep;
+    options.expert_tensor_parallel_size = row.etp;
+    for (int rank = 0; rank < row.world; ++rank) {
+      SCOPED_TRACE(row.name + ", rank " + std::to_string(rank));
+      const RankLayout layout = compute_rank_layout(row.world, rank, options);
+      EXPECT_EQ(layout.data_parallel_size, static_cast<int>(row.dp.front().size()));
+      EXPECT_EQ(layout.tensor_model_parallel, holding(row.tp_groups, rank));
+      EXPECT_EQ(layout.context_parallel, holding(row.cp_groups, rank));
+      EXPECT_EQ(layout.data_parallel, holding(row.dp, rank));
+      EXPECT_EQ(layout.data_parallel_with_cp, holding(row.dp_cp, rank));
+      EXPECT_EQ(layout.pipeline_model_parallel, holding(row.pp_groups, rank));
+      EXPECT_EQ(layout.tensor_and_context_parallel, holding(row.tp_cp, rank));
+      EXPECT_EQ(layout.tensor_and_data_parallel, holding(row.tp_dp, rank));
+      EXPECT_EQ(layout.tensor_and_data_parallel_with_cp, holding(row.tp_dp_cp, rank));
+      EXPECT_EQ(layout.model_parallel, holding(row.model, rank));
+      EXPECT_EQ(layout.expert_model_parallel, holding(row.ep_groups, rank));
+      EXPECT_EQ(layout.expert_data_parallel, holding(row.edp, rank));
+      EXPECT_EQ(layout.expert_data_parallel_size, static_cast<int>(row.edp.front().size()));
+      // Dense and expert layers put a rank on the same stage: the expert generator's pp groups are the dense ones.
+      EXPECT_EQ(layout.expert_tensor_model_pipeline_parallel.size(),
+                static_cast<std::size_t>(expert_tensor_parallel_size(options) * row.ep * row.pp));
+      EXPECT_EQ(layout.context_parallel_rank(), layout.rank_in(holding(row.cp_groups, rank)));
+      EXPECT_EQ(layout.data_parallel_rank(), layout.rank_in(holding(row.dp, rank)));
+      EXPECT_EQ(layout.data_parallel_rank(/*with_context_parallel=*/true), layout.rank_in(holding(row.dp_cp, rank)));
+    }
+  }
+}
+
+TEST(RankGenerator, ContextParallelLayoutWorld8Tp2Cp2Pp2) {
+  const RankGenerator dense(/*tp=*/2, /*ep=*/1, /*dp=*/1, /*pp=*/2, /*cp=*/2);
+  const RankGenerator expert(/*tp=*/2, /*ep=*/1, /*dp=*/2, /*pp=*/2, /*cp=*/1);
+  EXPECT_EQ(dense.get_ranks("pp"), expert.get_ranks("pp"));  // Megatron-Core's assertion
+  EXPECT_EQ(dense.get_ranks("dp-cp"), expert.get_ranks("dp"));
+  EXPECT_EQ(dense.get_ranks("tp-cp"), (RankGroups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+}
+
+// Per stage tp x cp x dp = etp x ep x edp, with cp > 1 too: every expert group but tp-ep-pp lies within the stage's
+// tp-dp-cp group, the expert coordinates name the rank within it uniquely, and one rank per tp x pp shard has dp-cp
+// rank 0 (the checkpoint writer and the optimizer's shard 0).
+TEST(RankLayout, ExpertsFoldOverDataAndContextParallelRanks) {
+  struct Case {
+    int world, tp, pp, cp, ep, etp;
+  };
+  for (const Case& c : std::vector<Case>{{8, 1, 1, 2, 2, 1},
+                                         {8, 1, 1, 2, 4, 1},
+                                         {8, 2, 1, 2, 2, 1},
+                                         {16, 2, 2, 2, 2, 1},
+                                         {16, 1, 2, 4, 2, 1},
+                                         {16, 2, 1, 2, 2, 2},
+                                         {24, 2, 3, 2, 2, 1},
+                                         {8, 1, 1, 4, 8, 1}}) {
+    SCOPED_TRACE("world " + std::to_string(c.world) + " tp" + std::to_string(c.tp) + " pp" + std::to_string(c.pp) +
+                 " cp" + std::to_string(c.cp) + " ep" + std::to_string(c.ep) + " etp" + std::to_string(c.etp));
+    ParallelOptions options;
+    options.tensor_model_parallel_size = c.tp;
+    options.pipeline_model_parallel_size = c.pp;
+    options.context_parallel_size = c.cp;
+    options.expert_model_parallel_size = c.ep;
+    options.expert_tensor_parallel_size = c.etp;
+    std::set<std::vector<int>> writers_per_model_shard;
+    int writers = 0;
+    for (int rank = 0; rank < c.world; ++rank) {
+      const RankLayout layout = compute_rank_layout(c.world, rank, options);
+      EXPECT_EQ(static_cast<int>(layout.context_parallel.size()), c.cp);
+      EXPECT_EQ(static_cast<int>(layout.data_parallel_with_cp.size()), c.cp * layout.data_parallel_size);
+      EXPECT_EQ(static_cast<int>(layout.tensor_and_data_parallel_with_cp.size()), c.world / c.pp);
+      EXPECT_EQ(layout.expert_data_parallel_size, c.world / (c.etp * c.ep * c.pp));
+      for (const auto* group :
+           {&layout.expert_model_parallel, &layout.expert_tensor_parallel, &layout.expert_tensor_and_model_parallel,
+            &layout.expert_data_parallel, &layout.context_parallel, &layout.data_parallel_with_cp,
+            &layout.tensor_and_context_parallel}) {
+        for (int member : *group) {
+          EXPECT_THAT(layout.tensor_and_data_parallel_with_cp, ::testing::Contains(member));
+        }
+      }
+      EXPECT_EQ(layout.expert_tensor_parallel_rank() +
+                    c.etp * (layout.expert_model_parallel_rank() + c.ep * layout.expert_data_parallel_rank()),
+                layout.rank_in(layout.tensor_and_data_parallel_with_cp));
+      if (layout.data_parallel_rank(/*with_context_parallel=*/true) == 0) {
+        ++writers;
+        writers_per_model_shard.insert(layout.model_parallel);
+      }
+    }
+    EXPECT_EQ(writers, c.tp * c.pp);
+    EXPECT_EQ(static_cast<int>(writers_per_model_shard.size()), 1);  // all in the model-parallel group of rank 0
+  }
 }
 
 }  // namespace
