@@ -77,6 +77,46 @@ void validate_recompute(const GPTConfig& config, int pipeline_model_parallel_siz
   }
 }
 
+// Context parallelism (parallel/context_parallel/): what the load-balanced split and the context-parallel attention
+// need of the model. Called at cp > 1 only.
+void validate_context_parallel(const GPTConfig& config, int tensor_model_parallel_size, int context_parallel_size) {
+  const int64_t cp = context_parallel_size;
+  const int64_t tp = tensor_model_parallel_size;
+  require(config.seq_length % (2 * cp) == 0,
+          "model.seq_length (" + str(config.seq_length) +
+              ") must be divisible by 2 x parallelism.context_parallel_size (" + str(2 * cp) +
+              "): each context-parallel rank keeps two equal chunks of every sequence (Megatron-Core's load-balanced "
+              "split); use a multiple of " +
+              str(2 * cp) + " (dataset.seq_length in Megatron-Bridge's keys) or another context_parallel_size");
+  require(!uses_sequence_parallel(config, tensor_model_parallel_size) || (config.seq_length / cp) % tp == 0,
+          "model.sequence_parallel splits each context-parallel rank's part of the sequence (model.seq_length / "
+          "parallelism.context_parallel_size = " +
+              str(config.seq_length / cp) +
+              ") over the tensor-parallel ranks, but it is not divisible by the "
+              "tensor-parallel size (" +
+              str(tp) + "); make model.seq_length a multiple of " + str(2 * cp * tp) +
+              " or set model.sequence_parallel: false");
+  require(config.attention_dropout == 0.0,
+          "model.attention_dropout is " + std::to_string(config.attention_dropout) +
+              ", but the context-parallel attention (parallelism.context_parallel_size " + str(cp) +
+              ") has no dropout; set model.attention_dropout: 0 (model.hidden_dropout still applies)");
+  if (config.cp_comm_type == parallel::context_parallel::CpCommType::kA2A) {
+    const int64_t local_heads = config.num_attention_heads / std::max<int64_t>(1, tp);
+    require(
+        local_heads % cp == 0,
+        "model.cp_comm_type a2a gives each context-parallel rank 1/cp of the heads of its tensor-parallel rank, but "
+        "model.num_attention_heads / tensor-parallel size (" +
+            str(local_heads) + ") is not divisible by parallelism.context_parallel_size (" + str(cp) +
+            "); use model.cp_comm_type p2p or all_gather, or a context_parallel_size that divides " + str(local_heads));
+  }
+  // Megatron-Core reduces the router's statistics over tp x cp (and the global ones over tp x dp x cp); bridge's MoE
+  // layers reduce them over tp and dp only, so their balancing losses would see one rank's share of each sequence.
+  require(!config.num_moe_experts,
+          "model.num_moe_experts is set with parallelism.context_parallel_size " + str(cp) +
+              ": bridge's MoE layers do not yet reduce their routing statistics over the context-parallel group; "
+              "use context_parallel_size 1 for MoE models");
+}
+
 }  // namespace
 
 bool GPTConfig::recomputes(std::string_view module) const {
@@ -92,7 +132,7 @@ int64_t GPTConfig::rotary_dim() const {
 
 void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_parallel_size,
                          std::optional<int> virtual_pipeline_model_parallel_size, int expert_model_parallel_size,
-                         int expert_tensor_parallel_size) const {
+                         int expert_tensor_parallel_size, int context_parallel_size) const {
   require(num_layers >= 1, "model.num_layers must be >= 1, got " + str(num_layers));
   require(hidden_size >= 1, "model.hidden_size must be >= 1, got " + str(hidden_size));
   require(num_attention_heads >= 1, "model.num_attention_heads must be >= 1, got " + str(num_attention_heads));
@@ -186,6 +226,11 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
   require(!qk_layernorm_across_heads || (qk_layernorm && normalization == Normalization::kRMSNorm),
           "model.qk_layernorm_across_heads needs model.qk_layernorm: true and model.normalization: RMSNorm (OLMoE's "
           "q/k RMSNorm over all heads)");
+  // Until RotaryEmbedding applies it, an interleaved RoPE would silently train with the halves' rotation.
+  require(!rotary_interleaved,
+          "model.rotary_interleaved: true is not implemented yet (RoPE rotates the two halves of each head's channels, "
+          "GPT-NeoX's layout); set model.rotary_interleaved: false");
+  if (context_parallel_size > 1) validate_context_parallel(*this, tensor_model_parallel_size, context_parallel_size);
   validate_recompute(*this, pipeline_model_parallel_size);
   validate_moe(*this, tensor_model_parallel_size, expert_model_parallel_size, expert_tensor_parallel_size);
   const int64_t stages = static_cast<int64_t>(pipeline_model_parallel_size) *

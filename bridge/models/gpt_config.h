@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bridge/models/moe/moe_config.h"
+#include "parallel/context_parallel/utils.h"
 
 namespace bridge::models {
 
@@ -144,6 +145,10 @@ struct GPTConfig {
   /// RoPE's base (Llama 2: 10000, Llama 3: 500000) and the share of each head's channels it rotates.
   double rotary_base = 10000.0;
   double rotary_percent = 1.0;
+  /// Megatron-Core's rotary_interleaved: RoPE rotates adjacent channel pairs (0, 1), (2, 3), ... of each head (the
+  /// original RoFormer / GPT-J layout) instead of channel i with channel i + rotary_dim / 2 (GPT-NeoX's halves, which
+  /// Hugging Face's Llama uses).
+  bool rotary_interleaved = false;
   /// Llama 3.1's frequency scaling of RoPE (Megatron-Core's rope_scaling and rope_scaling_factor; the other three
   /// are fixed in Megatron-Core to Llama 3.1's values and are read from Hugging Face's rope_scaling here).
   bool rope_scaling = false;
@@ -203,6 +208,12 @@ struct GPTConfig {
   /// reduce-scatter after each row-parallel one replace the all-reduce. Needs seq_length divisible by tp; off (as
   /// Megatron turns it off) at tp 1. Activations per layer go from s b h (10 + 24 / tp) to s b h 34 / tp bytes.
   bool sequence_parallel = false;
+  /// Megatron-Core's cp_comm_type: how attention reaches the keys and values held by the other context-parallel
+  /// ranks (parallelism.context_parallel_size > 1; parallel/context_parallel/attention.h): p2p (a ring that passes
+  /// key/value blocks on while attention runs), all_gather (the whole sequence's keys and values on every rank) or a2a
+  /// (Ulysses: an all-to-all trades heads for sequence; needs the heads per tensor-parallel rank divisible by cp).
+  /// Read only at cp > 1. Megatron-Core's hierarchical a2a+p2p is not supported.
+  parallel::context_parallel::CpCommType cp_comm_type = parallel::context_parallel::CpCommType::kP2P;
 
   // Mixture of Experts (Megatron-Core's moe_* fields; bridge/models/moe/). Unset num_moe_experts: a dense model.
   /// Routed experts per MoE layer; set, the MLP of the layers moe_layer_freq picks becomes an MoELayer.
@@ -267,10 +278,11 @@ struct GPTConfig {
   }
   /// Throws std::invalid_argument naming the field ("model.num_attention_heads") for sizes that do not fit the layout.
   /// `expert_model_parallel_size` and `expert_tensor_parallel_size` (0 = the tensor-parallel size) check the MoE
-  /// fields against the expert layout.
+  /// fields against the expert layout; `context_parallel_size` the sequence and attention against its split.
   void validate(int tensor_model_parallel_size = 1, int pipeline_model_parallel_size = 1,
                 std::optional<int> virtual_pipeline_model_parallel_size = std::nullopt,
-                int expert_model_parallel_size = 1, int expert_tensor_parallel_size = 0) const;
+                int expert_model_parallel_size = 1, int expert_tensor_parallel_size = 0,
+                int context_parallel_size = 1) const;
 };
 
 /// Whether the model runs sequence-parallel at this tensor-parallel size: model.sequence_parallel and tp > 1.

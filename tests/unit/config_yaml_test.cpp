@@ -565,5 +565,57 @@ TEST(ConfigYaml, EveryRecipeLoadsAndValidatesForItsWorldSize) {
   EXPECT_THROW(tp2_pp2.validate(2), std::invalid_argument);
 }
 
+// Context parallelism's keys: the size under bridge's and Megatron-Bridge's names, the attention's exchange by
+// Megatron-Core's names (its hierarchical a2a+p2p refused by name), and the layout and data checks, each naming the
+// field and the fix.
+TEST(ConfigYaml, ContextParallelKeysAndTheirChecks) {
+  ConfigContainer config;
+  apply_override(config, "parallelism.context_parallel_size=2");
+  apply_override(config, "model.cp_comm_type=all_gather");
+  EXPECT_EQ(config.parallelism.context_parallel_size, 2);
+  EXPECT_EQ(config.model.cp_comm_type, parallel::context_parallel::CpCommType::kAllGather);
+  EXPECT_EQ(ConfigContainer().model.cp_comm_type, parallel::context_parallel::CpCommType::kP2P);
+  EXPECT_THAT(to_yaml(config), AllOf(HasSubstr("context_parallel_size: 2"), HasSubstr("cp_comm_type: all_gather")));
+  EXPECT_THAT(override_error("model.cp_comm_type=a2a+p2p"),
+              AllOf(HasSubstr("model.cp_comm_type: a2a+p2p"), HasSubstr("hierarchical context parallelism"),
+                    HasSubstr("is not supported; use a2a"), HasSubstr("or p2p")));
+  EXPECT_THAT(override_error("model.cp_comm_type=ring"),
+              HasSubstr("model.cp_comm_type must be a p2p, all_gather or a2a, got 'ring'"));
+  EXPECT_FALSE(ConfigContainer().model.rotary_interleaved);
+  ConfigContainer interleaved;
+  apply_override(interleaved, "model.rotary_interleaved=true");
+  EXPECT_TRUE(interleaved.model.rotary_interleaved);
+
+  config.model.attention_dropout = 0.0;
+  config.parallelism.tensor_model_parallel_size = 2;
+  config.train.global_batch_size = 2;
+  EXPECT_NO_THROW(config.validate(8));
+  EXPECT_EQ(config.data_parallel_size(8), 2);  // 8 / (tp 2 x cp 2)
+  const auto validate_error = [](const ConfigContainer& c, int world_size) {
+    try {
+      c.validate(world_size);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    ADD_FAILURE() << "validated at world size " << world_size;
+    return std::string();
+  };
+  EXPECT_THAT(validate_error(config, 6),
+              AllOf(HasSubstr("the world size (6) must be divisible by parallelism.tensor_model_parallel_size x "
+                              "parallelism.context_parallel_size x parallelism.pipeline_model_parallel_size (4)"),
+                    HasSubstr("launch a multiple of 4 ranks")));
+  config.dataset.reset_attention_mask = true;
+  EXPECT_THAT(validate_error(config, 4),
+              AllOf(HasSubstr("dataset.reset_attention_mask (document attention masks) is on with "
+                              "parallelism.context_parallel_size 2"),
+                    HasSubstr("packed THD"), HasSubstr("set dataset.reset_attention_mask: false")));
+  config.dataset.reset_attention_mask = false;
+  config.dataset.reset_position_ids = true;  // positions per document stay right after the split
+  config.dataset.eod_mask_loss = true;
+  EXPECT_NO_THROW(config.validate(4));
+  config.parallelism.context_parallel_size = 0;
+  EXPECT_THAT(validate_error(config, 4), HasSubstr("parallelism.context_parallel_size must be >= 1, got 0"));
+}
+
 }  // namespace
 }  // namespace bridge::training

@@ -33,6 +33,7 @@ TEST(MegatronBridgeKeys, OverridesWithItsNamesSetBridgesFields) {
       "model.tensor_model_parallel_size=2",
       "model.pipeline_model_parallel_size=2",
       "model.virtual_pipeline_model_parallel_size=2",
+      "model.context_parallel_size=2",
       "logger.tensorboard_dir=/tmp/tb",
       "logger.log_interval=5",
       "dataset.seq_length=128",
@@ -50,6 +51,7 @@ TEST(MegatronBridgeKeys, OverridesWithItsNamesSetBridgesFields) {
   EXPECT_EQ(config.parallelism.tensor_model_parallel_size, 2);
   EXPECT_EQ(config.parallelism.pipeline_model_parallel_size, 2);
   EXPECT_EQ(config.parallelism.virtual_pipeline_model_parallel_size, 2);
+  EXPECT_EQ(config.parallelism.context_parallel_size, 2);
   EXPECT_EQ(config.logging.tensorboard_dir, "/tmp/tb");
   EXPECT_EQ(config.logging.log_interval, 5);
   EXPECT_EQ(config.model.seq_length, 128);
@@ -96,9 +98,9 @@ TEST(MegatronBridgeKeys, FeaturesBridgeLacksAreAcceptedOnlyWhenOff) {
   EXPECT_NO_THROW(with_overrides({"model.sequence_parallel=false", "model.context_parallel_size=1",
                                   "optimizer.use_distributed_optimizer=false", "model.normalization=LayerNorm",
                                   "scheduler.lr_warmup_init=0.0", "model.num_query_groups=null"}));
-  EXPECT_THAT(override_error("model.context_parallel_size=2"),
-              AllOf(HasSubstr("model.context_parallel_size=2 is not supported"),
-                    HasSubstr("bridge has no context parallelism"), HasSubstr("set it to 1 or remove it")));
+  EXPECT_THAT(
+      override_error("model.moe_enable_deepep=true"),
+      AllOf(HasSubstr("model.moe_enable_deepep=true is not supported"), HasSubstr("set it to false or remove it")));
   EXPECT_TRUE(with_overrides({"model.sequence_parallel=true"}).model.sequence_parallel);  // bridge's own keys
   const ConfigContainer distributed =
       with_overrides({"optimizer.use_distributed_optimizer=true", "ddp.use_distributed_optimizer=true"});

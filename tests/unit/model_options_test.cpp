@@ -1,7 +1,8 @@
 // The Llama-family pieces of bridge's GPT against references written here from their definitions: the fused QKV
 // layout (Megatron-Core's grouping, both ways), RMSNorm, RoPE with Llama 3.1's scaling, grouped-query attention
 // against the same attention with every key/value head repeated, and GPTConfig's messages for layouts a group count
-// does not allow. Also the size text of bridge-export's --max-shard-size (transformers' max_shard_size).
+// or a context-parallel size does not allow. Also the size text of bridge-export's --max-shard-size (transformers'
+// max_shard_size).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -20,6 +21,7 @@
 namespace bridge::models {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 GPTConfig grouped(int64_t heads, int64_t groups, int64_t head_dim) {
@@ -187,6 +189,64 @@ TEST(GPTConfig, GroupCountsNameTheLayoutsTheyAllow) {
   config.position_embedding_type = PositionEmbeddingType::kRope;
   config.rotary_percent = 0.1;  // 8 x 0.1 = 0 channels
   EXPECT_THROW(config.validate(), std::invalid_argument);
+}
+
+// The message of the std::invalid_argument that config.validate(...) throws ("" and a failure if none).
+template <class... Sizes>
+std::string validate_error(const GPTConfig& config, Sizes... sizes) {
+  try {
+    config.validate(sizes...);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "validated";
+  return "";
+}
+
+// What the load-balanced split and the context-parallel attention need of the model, each named with its fix.
+TEST(GPTConfig, ContextParallelNamesWhatItNeeds) {
+  GPTConfig config;  // seq_length 64, 4 heads, learned absolute positions (global under cp, so allowed)
+  config.attention_dropout = 0.0;
+  const auto at_cp = [&](int tp, int cp) { return validate_error(config, tp, 1, std::nullopt, 1, 0, cp); };
+  EXPECT_NO_THROW(config.validate(1, 1, std::nullopt, 1, 0, /*cp=*/4));
+  config.seq_length = 36;
+  EXPECT_THAT(at_cp(1, 4), AllOf(HasSubstr("model.seq_length (36) must be divisible by 2 x "
+                                           "parallelism.context_parallel_size (8)"),
+                                 HasSubstr("use a multiple of 8")));
+  // Sequence parallelism splits each cp rank's 18 tokens over tp 4.
+  config.sequence_parallel = true;
+  EXPECT_THAT(at_cp(4, 2), AllOf(HasSubstr("model.seq_length / parallelism.context_parallel_size = 18"),
+                                 HasSubstr("tensor-parallel size (4)"), HasSubstr("a multiple of 16"),
+                                 HasSubstr("model.sequence_parallel: false")));
+  config.sequence_parallel = false;
+  EXPECT_NO_THROW(config.validate(4, 1, std::nullopt, 1, 0, 2));
+  config.seq_length = 64;
+
+  config.attention_dropout = 0.1;
+  EXPECT_THAT(at_cp(1, 2), AllOf(HasSubstr("model.attention_dropout is 0.1"), HasSubstr("has no dropout"),
+                                 HasSubstr("set model.attention_dropout: 0")));
+  EXPECT_NO_THROW(config.validate(1, 1, std::nullopt, 1, 0, 1));  // cp 1: the model's own dropout
+  config.attention_dropout = 0.0;
+
+  // Ulysses gives each cp rank whole heads: 4 heads / tp 2 = 2 per tensor-parallel rank, not divisible by cp 4.
+  config.cp_comm_type = parallel::context_parallel::CpCommType::kA2A;
+  EXPECT_THAT(at_cp(2, 4), AllOf(HasSubstr("model.cp_comm_type a2a"),
+                                 HasSubstr("(2) is not divisible by "
+                                           "parallelism.context_parallel_size (4)"),
+                                 HasSubstr("use model.cp_comm_type p2p or all_gather")));
+  EXPECT_NO_THROW(config.validate(2, 1, std::nullopt, 1, 0, 2));
+  config.cp_comm_type = parallel::context_parallel::CpCommType::kAllGather;
+  EXPECT_NO_THROW(config.validate(2, 1, std::nullopt, 1, 0, 4));
+
+  config.num_moe_experts = 4;
+  EXPECT_THAT(at_cp(1, 2), AllOf(HasSubstr("model.num_moe_experts"), HasSubstr("context_parallel_size 1")));
+}
+
+TEST(GPTConfig, RotaryInterleavedIsRefusedUntilRopeAppliesIt) {
+  GPTConfig config;
+  config.rotary_interleaved = true;
+  EXPECT_THAT(validate_error(config), AllOf(HasSubstr("model.rotary_interleaved: true is not implemented yet"),
+                                            HasSubstr("set model.rotary_interleaved: false")));
 }
 
 // transformers' convert_file_size_to_int: KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024, in any case.

@@ -37,7 +37,8 @@ void apply_mixed_precision_recipe(MixedPrecisionConfig& config, const std::strin
 }
 
 int ConfigContainer::data_parallel_size(int world_size) const {
-  return world_size / (parallelism.tensor_model_parallel_size * parallelism.pipeline_model_parallel_size);
+  return world_size / (parallelism.tensor_model_parallel_size * parallelism.context_parallel_size *
+                       parallelism.pipeline_model_parallel_size);
 }
 
 int64_t ConfigContainer::num_microbatches(int world_size) const {
@@ -153,12 +154,15 @@ void ConfigContainer::validate(int world_size) const {
           "parallelism.tensor_model_parallel_size must be >= 1, got " + str(p.tensor_model_parallel_size));
   require(p.pipeline_model_parallel_size >= 1,
           "parallelism.pipeline_model_parallel_size must be >= 1, got " + str(p.pipeline_model_parallel_size));
-  const int64_t model_parallel = int64_t{p.tensor_model_parallel_size} * p.pipeline_model_parallel_size;
-  require(world_size % model_parallel == 0, "the world size (" + str(world_size) +
-                                                ") must be divisible by parallelism.tensor_model_parallel_size x "
-                                                "parallelism.pipeline_model_parallel_size (" +
-                                                str(model_parallel) + "); launch a multiple of " + str(model_parallel) +
-                                                " ranks or change the sizes");
+  require(p.context_parallel_size >= 1,
+          "parallelism.context_parallel_size must be >= 1, got " + str(p.context_parallel_size));
+  const int64_t model_parallel =
+      int64_t{p.tensor_model_parallel_size} * p.context_parallel_size * p.pipeline_model_parallel_size;
+  require(world_size % model_parallel == 0,
+          "the world size (" + str(world_size) +
+              ") must be divisible by parallelism.tensor_model_parallel_size x parallelism.context_parallel_size x "
+              "parallelism.pipeline_model_parallel_size (" +
+              str(model_parallel) + "); launch a multiple of " + str(model_parallel) + " ranks or change the sizes");
   require(p.expert_model_parallel_size >= 1,
           "parallelism.expert_model_parallel_size must be >= 1, got " + str(p.expert_model_parallel_size));
   const int64_t etp = p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size);
@@ -245,7 +249,15 @@ void ConfigContainer::validate(int world_size) const {
                   "the logits of one micro-batch");
   require(ddp.bucket_size >= 0, "ddp.bucket_size must be >= 0 (0: Megatron's default), got " + str(ddp.bucket_size));
   model.validate(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size,
-                 p.expert_model_parallel_size, p.expert_tensor_parallel_size.value_or(0));
+                 p.expert_model_parallel_size, p.expert_tensor_parallel_size.value_or(0), p.context_parallel_size);
+  // Megatron-Core's context parallelism takes per-document masks only in the packed THD format, which bridge's
+  // batches ([b, s] with an [s, s] mask) are not: a document mask of the whole sequence cannot be split in two chunks.
+  require(p.context_parallel_size == 1 || !dataset.reset_attention_mask,
+          "dataset.reset_attention_mask (document attention masks) is on with parallelism.context_parallel_size " +
+              str(p.context_parallel_size) +
+              ": the context-parallel attention is causal over the whole sequence (Megatron-Core needs packed THD "
+              "sequences for per-document masks under context parallelism); set dataset.reset_attention_mask: false "
+              "or context_parallel_size: 1");
   optimizer.validate();
   validate_distributed_optimizer(*this);
   try {

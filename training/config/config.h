@@ -81,6 +81,10 @@ struct SchedulerSteps {
 
 struct ParallelismConfig {
   int tensor_model_parallel_size = 1;
+  /// Ranks each sequence is split over (cp; Megatron-Core's context parallelism): each keeps two of 2 x cp chunks
+  /// (the load-balanced split) of every sample and attention exchanges keys and values (model.cp_comm_type). The
+  /// world = tp x cp x dp x pp; gradients are averaged over dp x cp.
+  int context_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
   /// Model chunks per pipeline rank (interleaved 1F1B); unset for the plain schedule.
   std::optional<int> virtual_pipeline_model_parallel_size;
@@ -276,7 +280,7 @@ struct ConfigContainer {
   /// global_batch_size (lr_warmup_samples); decay lr_decay_iters (train_iters) x global_batch_size (lr_decay_samples,
   /// train_samples); the decay lasts at least one step beyond the warmup.
   SchedulerSteps scheduler_steps() const;
-  /// world_size / (tp x pp).
+  /// world_size / (tp x cp x pp).
   int data_parallel_size(int world_size) const;
   /// global_batch_size / (micro_batch_size x dp).
   int64_t num_microbatches(int world_size) const;

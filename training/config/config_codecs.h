@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -24,6 +25,9 @@ namespace bridge::training::detail {
 using bridge::utils::to_lower;
 using bridge::utils::trim;
 using std::chrono::milliseconds;
+
+// A codec's parse may also throw std::invalid_argument for a value it knows and refuses, with the reason (the caller
+// prefixes the key and where it was written).
 
 // A plain (unquoted) YAML null: `key:`, `key: null`, `key: ~`. A quoted "null" is the string.
 inline bool is_null(const YAML::Node& node) { return !node.IsDefined() || node.IsNull(); }
@@ -272,6 +276,21 @@ struct Codec<models::MoETokenDropPolicy>
     : NamedEnumCodec<models::MoETokenDropPolicy, models::kMoETokenDropPolicyNames> {};
 template <>
 struct Codec<models::MoERouterDtype> : NamedEnumCodec<models::MoERouterDtype, models::kMoERouterDtypeNames> {};
+
+// Megatron-Core's cp_comm_type. Its hierarchical "a2a+p2p" (a2a inside hierarchical_context_parallel_sizes' inner
+// groups, p2p across them) is refused by name rather than as an unknown value.
+template <>
+struct Codec<parallel::context_parallel::CpCommType>
+    : NamedEnumCodec<parallel::context_parallel::CpCommType, parallel::context_parallel::kCpCommTypeNames> {
+  static std::optional<parallel::context_parallel::CpCommType> parse(const YAML::Node& node) {
+    if (node.IsScalar() && to_lower(trim(node.Scalar())) == "a2a+p2p") {
+      throw std::invalid_argument(
+          "a2a+p2p (Megatron-Core's hierarchical context parallelism, with hierarchical_context_parallel_sizes) is "
+          "not supported; use a2a (the heads per tensor-parallel rank divisible by context_parallel_size) or p2p");
+    }
+    return NamedEnumCodec::parse(node);
+  }
+};
 
 // Megatron-Core's moe_layer_freq: an int (every N-th layer) or a list of 0/1, one per layer.
 template <>

@@ -45,6 +45,9 @@ const std::vector<Field>& fields() {
       field("model.rotary_base", &C::model, &GPTConfig::rotary_base, "RoPE's base (Llama 2: 10000, Llama 3: 500000)."),
       field("model.rotary_percent", &C::model, &GPTConfig::rotary_percent,
             "Share of each head's channels that RoPE rotates."),
+      field("model.rotary_interleaved", &C::model, &GPTConfig::rotary_interleaved,
+            "RoPE rotates adjacent channel pairs (0, 1), (2, 3), ... (RoFormer, GPT-J) instead of channel i with i + "
+            "half (GPT-NeoX, Hugging Face's Llama)."),
       field("model.rope_scaling", &C::model, &GPTConfig::rope_scaling, "Llama 3.1's scaling of RoPE's frequencies."),
       field("model.rope_scaling_factor", &C::model, &GPTConfig::rope_scaling_factor,
             "Llama 3.1's scaling: the factor long wavelengths are stretched by (3.1: 8, 3.2: 32)."),
@@ -107,6 +110,11 @@ const std::vector<Field>& fields() {
       field("model.sequence_parallel", &C::model, &GPTConfig::sequence_parallel,
             "Sequence parallelism: norms, dropouts and residuals on seq_length / tp tokens per tensor-parallel rank "
             "(all-gather and reduce-scatter replace the all-reduce); needs seq_length divisible by tp; off at tp 1."),
+      field("model.cp_comm_type", &C::model, &GPTConfig::cp_comm_type,
+            "With parallelism.context_parallel_size > 1, how attention reaches the other ranks' keys and values: p2p "
+            "(a ring passing key/value blocks on while attention runs), all_gather (the whole sequence's keys and "
+            "values on every rank) or a2a (Ulysses: heads traded for sequence; the heads per tensor-parallel rank must "
+            "divide by cp). Hierarchical a2a+p2p is not supported."),
       field("model.num_moe_experts", &C::model, &GPTConfig::num_moe_experts,
             "Routed experts per MoE layer (Mixture of Experts, docs/moe.md); null = a dense model."),
       field("model.moe_layer_freq", &C::model, &GPTConfig::moe_layer_freq,
@@ -214,9 +222,13 @@ const std::vector<Field>& fields() {
 
       field("parallelism.tensor_model_parallel_size", &C::parallelism, &ParallelismConfig::tensor_model_parallel_size,
             "Ranks each layer is split over (tp)."),
+      field("parallelism.context_parallel_size", &C::parallelism, &ParallelismConfig::context_parallel_size,
+            "Ranks each sequence is split over (cp): each keeps 2 of 2 x cp chunks of every sample (model.seq_length "
+            "divisible by 2 x cp) and attention exchanges keys and values (model.cp_comm_type); gradients are averaged "
+            "over dp x cp. Needs model.attention_dropout 0 and no dataset.reset_attention_mask."),
       field("parallelism.pipeline_model_parallel_size", &C::parallelism,
             &ParallelismConfig::pipeline_model_parallel_size,
-            "Pipeline stages (pp); the world size must be a multiple of tp x pp, the rest is data parallel."),
+            "Pipeline stages (pp); the world size must be a multiple of tp x cp x pp, the rest is data parallel."),
       field("parallelism.virtual_pipeline_model_parallel_size", &C::parallelism,
             &ParallelismConfig::virtual_pipeline_model_parallel_size,
             "Model chunks per pipeline rank (interleaved 1F1B); null = the plain schedule."),

@@ -155,7 +155,13 @@ std::string unknown_key_message(const std::string& written) {
 }
 
 void set_field(const Field& f, ConfigContainer& config, const YAML::Node& value, const Source& source) {
-  if (!f.parse(config, value)) {
+  bool parsed = false;
+  try {
+    parsed = f.parse(config, value);
+  } catch (const std::invalid_argument& refused) {  // a value the codec knows and refuses, with its reason
+    throw ConfigError(source.at(value) + ": " + f.key + ": " + refused.what());
+  }
+  if (!parsed) {
     std::string expected = a_or_an(f.type);
     if (f.type == "duration") expected += " with a unit (ms, s, min, h), e.g. 30s or 10min";
     throw ConfigError(source.at(value) + ": " + f.key + " must be " + expected + ", got " + describe(value));
@@ -304,7 +310,12 @@ YAML::Node parse_yaml(std::string_view text, const std::string& source_name) {
 template <class T>
 T parse_config_value(std::string_view text, std::string_view where) {
   const YAML::Node node = parse_yaml(text, std::string(where));
-  std::optional<T> value = Codec<T>::parse(node);
+  std::optional<T> value;
+  try {
+    value = Codec<T>::parse(node);
+  } catch (const std::invalid_argument& refused) {
+    throw ConfigError(std::string(where) + ": " + refused.what());
+  }
   if (!value) {
     std::string expected = a_or_an(Codec<T>::type());
     if (Codec<T>::type() == "duration") expected += " with a unit (ms, s, min, h), e.g. 30s or 10min";

@@ -55,7 +55,7 @@ constexpr Entry kEntries[] = {
     {"model.microbatch_group_size_per_vp_stage", Rule::kRename, "parallelism.microbatch_group_size_per_vp_stage"},
     {"model.bf16", Rule::kRename, "mixed_precision.bf16"},
     {"model.fp16", Rule::kRename, "mixed_precision.fp16"},
-    {"model.context_parallel_size", Rule::kOnly, "1", "bridge has no context parallelism"},
+    {"model.context_parallel_size", Rule::kRename, "parallelism.context_parallel_size"},
     {"model.expert_model_parallel_size", Rule::kRename, "parallelism.expert_model_parallel_size"},
     {"model.expert_tensor_parallel_size", Rule::kRename, "parallelism.expert_tensor_parallel_size"},
     // Transformer Engine's fused MoE kernels: the same arithmetic, which bridge runs as one GEMM per local expert.
