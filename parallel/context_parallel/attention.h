@@ -18,6 +18,9 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "parallel/context_parallel/utils.h"
 #include "parallel/process_group.h"
 
@@ -30,5 +33,19 @@ namespace bridge::parallel::context_parallel {
 /// q, k and v. `softmax_scale` 0 means 1 / sqrt(head_dim). A group of one is plain causal attention. No dropout.
 torch::Tensor context_parallel_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                          CpCommType comm_type, ProcessGroup& cp_group, double softmax_scale = 0.0);
+
+/// One event of the p2p ring's schedule, as it ran: step `step` (0 .. cp-1) of the forward or the backward ring
+/// started the transfer of the next key/value block, computed on the block in hand, or waited for the transfer. The
+/// ring overlaps when each step's compute lies between its start and its wait.
+struct RingEvent {
+  enum class Kind : std::uint8_t { kStartTransfer, kCompute, kWaitTransfer };
+  bool backward;
+  int step;
+  Kind kind;
+};
+
+/// While set, the p2p ring appends its events to `*events` (for tests and profiling; one process-wide recorder, not
+/// synchronised, so only while one attention runs at a time). nullptr stops recording.
+void set_ring_event_recorder(std::vector<RingEvent>* events);
 
 }  // namespace bridge::parallel::context_parallel

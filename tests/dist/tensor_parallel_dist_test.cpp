@@ -1,6 +1,6 @@
 // Tensor parallelism over real Gloo groups: 2, 3 and 4 ranks run tensor_parallel_worker, which checks the region
 // operators (also over an explicit group with uneven split sizes), the parallel layers and the vocab-parallel cross
-// entropy against the same computation done in full.
+// entropy against the same computation done in full; and context-parallel attention over 2 and 4 ranks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -36,6 +36,9 @@ TEST(TensorParallelDist, Tp2SequenceParallelRegionsAndLayers) { expect_ok(2, {"s
 // The explicit-group operators with uneven split sizes (MoE token dispatch), on 2 and 3 ranks.
 TEST(TensorParallelDist, Tp2UnevenAllToAllGatherAndReduceScatter) { expect_ok(2, {"uneven"}); }
 TEST(TensorParallelDist, Tp3UnevenAllToAllGatherAndReduceScatter) { expect_ok(3, {"uneven"}); }
+// Context-parallel attention (the world is the cp group): p2p, all_gather and a2a against full causal attention.
+TEST(TensorParallelDist, Cp2AttentionMatchesFullCausalAttention) { expect_ok(2, {"cp_attention"}); }
+TEST(TensorParallelDist, Cp4AttentionMatchesFullCausalAttention) { expect_ok(4, {"cp_attention"}); }
 TEST(TensorParallelDist, Tp4Everything) {
   expect_ok(4, {"mappings", "mlp_fp32", "mlp_fp64", "stride", "embedding", "cross_entropy", "errors",
                 "sequence_parallel", "uneven"});

@@ -2,7 +2,9 @@
 // each scenario compares the parallel computation with the same computation done in full on this rank.
 //
 //   tensor_parallel_worker <scenario>...   mappings | mlp_fp32 | mlp_fp64 | stride | embedding | cross_entropy |
-//                                           errors | sequence_parallel | uneven | all
+//                                           errors | sequence_parallel | uneven | cp_attention | all
+//
+// cp_attention (context_parallel_attention_scenario.cpp) takes the world as the context-parallel group instead.
 //
 // Prints "<scenario>: ok (...)" per scenario; failures print what differed and exit 1.
 #include <ATen/CPUGeneratorImpl.h>
@@ -18,6 +20,7 @@
 #include "parallel/tensor_parallel/layers.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "tests/dist/context_parallel_attention_scenario.h"
 
 namespace {
 
@@ -530,6 +533,8 @@ bool run(const std::string& scenario) {
     scenario_sequence_parallel();
   } else if (scenario == "uneven") {
     scenario_uneven();
+  } else if (scenario == "cp_attention") {
+    g_failures += bridge::testing::run_context_parallel_attention_scenario(g_max_relative);
   } else {
     std::printf("unknown scenario '%s'\n", scenario.c_str());
     return false;
@@ -551,7 +556,7 @@ int main(int argc, char** argv) {
     }
     if (scenarios == std::vector<std::string>{"all"}) {
       scenarios = {"mappings",      "mlp_fp32", "mlp_fp64",          "stride", "embedding",
-                   "cross_entropy", "errors",   "sequence_parallel", "uneven"};
+                   "cross_entropy", "errors",   "sequence_parallel", "uneven", "cp_attention"};
     }
     init_distributed({Backend::kGloo, std::chrono::seconds(60)});
     initialize_model_parallel(get_world_size());
