@@ -1,6 +1,7 @@
 // Checkpoints of another model (part of checkpoint_test): refused before anything changes, naming the tensor, both
 // shapes and, from the config the checkpoint saved, the model.* keys that change a tensor's shape with the overrides
-// that load it; a checkpoint whose config is missing or unreadable is still one of another model, not a damaged one.
+// that load it (and, for learned absolute positions at another seq_length, why that model cannot go on at it); a
+// checkpoint whose config is missing or unreadable is still one of another model, not a damaged one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -119,6 +120,30 @@ TEST(Checkpoint, CheckpointOfAnotherModelIsRefusedBeforeAnythingChanges) {
     fs::remove_all(saved);
     fs::remove_all(copy);
   }
+}
+
+// Learned absolute positions have one trained row per position, model.seq_length of them: a resume at twice the
+// length is refused before anything changes, saying why the model cannot be extended and what can (a RoPE model
+// resumes at any length: checkpoint_test's ResumeAtALongerSeqLength...).
+TEST(Checkpoint, ALearnedPositionsModelIsRefusedAtALongerSeqLength) {
+  const fs::path saved = fresh_directory("learned_positions");
+  ConfigContainer config = tiny_config(2);
+  config.checkpoint.save = saved.string();
+  train(config);
+  ConfigContainer longer = tiny_config(4);
+  longer.checkpoint.load = saved.string();
+  longer.model.seq_length = 16;
+  expect_refused(longer, "embedding.position_embeddings.weight has the global shape [8, 16] in the checkpoint",
+                 {"[16, 16] in this run's model", "model.seq_length 8 (this run: 16)",
+                  "have one trained row per position, model.seq_length of them (8 in the checkpoint)",
+                  "goes on at model.seq_length 8 only",
+                  "needs a model with rotary positions (model.position_embedding_type rope or yarn)"});
+  // Another mismatch of the same model at its own length says nothing of positions.
+  ConfigContainer deeper = tiny_config(4);
+  deeper.checkpoint.load = saved.string();
+  deeper.model.num_layers = 3;
+  expect_refused(deeper, "model.num_layers 2 (this run: 3)", {}, {"Learned absolute position embeddings"});
+  fs::remove_all(saved);
 }
 
 // A checkpoint's config without a readable "config" (another version's, or edited): the mismatch keeps its own

@@ -1,7 +1,8 @@
 // Checkpoints in one process: N steps straight equal N/2, save, resume, N/2 bit for bit (dropout on, an RNG-drawing
 // on_data_init_start, stateful callbacks and user_state), the files opened by Python's torch.load(weights_only=True),
 // the guard against overwriting newer checkpoints (checkpoints of another model: checkpoint_mismatch_test.cpp),
-// weights-only loads and most_recent_k; asynchronous saves, and the exits of train.exit_interval,
+// weights-only loads and most_recent_k; a RoPE model resumed at twice the seq_length (the schedule, the consumed
+// samples and the first batch go on as in Megatron); asynchronous saves, and the exits of train.exit_interval,
 // exit_signal_handler and exit_duration_in_mins; an MoE model's router expert_bias (fp32 under bf16) and a checkpoint
 // that lacks an expert or holds a foreign one (expert-parallel layouts: checkpoint_dist_test); torch_dist checkpoints
 // with damaged bytes or without their .metadata.
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -439,6 +441,67 @@ TEST(Checkpoint, ExitIntervalSavesLeavesAndResumes) {
   losses.insert(losses.end(), last.losses.begin(), last.losses.end());
   EXPECT_EQ(losses, straight.losses);
   expect_same_parameters(last.final_params, straight.final_params);
+}
+
+// A long-context phase (Llama 3 went on from 8k to 128k tokens): a RoPE model saved at seq_length 8 goes on at 16.
+// As in Megatron-LM, whose check_checkpoint_args leaves seq_length out: each step's learning rate is the
+// uninterrupted schedule's (it counts samples, not tokens), consumed_train_samples continues, and the data is built
+// again at the new length with the sampler at the consumed samples, so the first step reads samples 12..15 (3 steps x
+// 4) of the mock data at 16 tokens; the model trains on.
+TEST(Checkpoint, ResumeAtALongerSeqLengthContinuesTheScheduleAndTheSamples) {
+  ConfigContainer config = tiny_config(6);
+  config.model.position_embedding_type = models::PositionEmbeddingType::kRope;
+  config.scheduler.lr_decay_style = "cosine";
+  // What a step sees: the learning rate it steps with and the samples consumed before it, the tokens of each
+  // micro-batch, then its loss.
+  struct Seen {
+    std::vector<double> lrs, losses;
+    std::vector<int64_t> consumed;
+    std::vector<torch::Tensor> tokens;
+  };
+  const auto run = [](const ConfigContainer& c) {
+    Seen seen;
+    auto manager = std::make_shared<CallbackManager>();
+    manager->register_callback(Event::kTrainStepStart, [&](CallbackContext& ctx) {
+      seen.lrs.push_back(ctx.optimizer->param_groups().front().options().get_lr());
+      seen.consumed.push_back(ctx.state.train_state.consumed_train_samples);
+    });
+    manager->register_callback(Event::kTrainStepEnd, [&](CallbackContext& ctx) {
+      seen.losses.push_back(ctx.loss_dict->at("lm loss").item<double>());
+    });
+    pretrain(
+        c,
+        [&](DataIterator& data, models::GPTModel& model) {
+          GPTBatch batch = data.next();
+          seen.tokens.push_back(batch.tokens.clone());
+          return StepResult{model->forward(batch.tokens, batch.position_ids, batch.labels, batch.attention_mask),
+                            masked_token_loss(batch.loss_mask)};
+        },
+        manager);
+    return seen;
+  };
+  const Seen straight = run(config);
+  ASSERT_EQ(straight.lrs.size(), 6U);
+
+  config.checkpoint.save = fresh_directory("longer_seq_length").string();
+  config.train.exit_interval = 3;
+  const Seen first = run(config);  // saves iteration 3 and leaves
+  ASSERT_EQ(first.lrs.size(), 3U);
+  config.model.seq_length = 16;  // auto-resume from checkpoint.save, at twice the length
+  const Seen resumed = run(config);
+  ASSERT_EQ(resumed.lrs.size(), 3U);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(resumed.lrs[i], straight.lrs[3 + i]) << "step " << 4 + i;
+  EXPECT_EQ(resumed.consumed, (std::vector<int64_t>{12, 16, 20}));
+  EXPECT_EQ(resumed.consumed, std::vector<int64_t>(straight.consumed.begin() + 3, straight.consumed.end()));
+  const MockGPTDataset data(config.model.vocab_size, 16, config.rng.seed);
+  ASSERT_GE(resumed.tokens.size(), 2U);
+  for (int64_t m = 0; m < 2; ++m) {  // the first step's two micro-batches of 2
+    const torch::Tensor expected =
+        torch::stack({data.sample(12 + 2 * m).slice(0, 0, 16), data.sample(13 + 2 * m).slice(0, 0, 16)});
+    EXPECT_TRUE(torch::equal(resumed.tokens[static_cast<std::size_t>(m)], expected)) << "micro-batch " << m;
+  }
+  for (const double loss : resumed.losses) EXPECT_TRUE(std::isfinite(loss)) << loss;
+  fs::remove_all(config.checkpoint.save);
 }
 
 // train.exit_signal_handler: a SIGTERM during step 2 (here raised by a callback) saves step 2 and leaves; without a

@@ -1,6 +1,8 @@
 // load_checkpoint: which checkpoint a run takes (checkpoint.load, auto-resume, pretrained weights, a Hugging Face
 // directory), the guard against overwriting newer checkpoints, every rank's reading and checking before anything is
 // applied, auto-resume's fall-back from a damaged checkpoint, and the application itself.
+#include <yaml-cpp/yaml.h>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -195,6 +197,63 @@ std::optional<int64_t> fall_back_from_damaged(const CheckpointConfig& config, co
   return older;
 }
 
+// What a checkpoint's saved config says of its sequence: model.seq_length and whether the positions are a learned
+// table. Read softly: a config of another version (or none, as in a Megatron-Bridge checkpoint without bridge's
+// config) gives nothing, and the load goes on without the notes that use it.
+struct SavedSequence {
+  int64_t seq_length = 0;
+  bool learned_positions = false;
+};
+std::optional<SavedSequence> saved_sequence(const GenericDict& common) {
+  const auto entry = common.find(c10::IValue(std::string("config")));
+  if (entry == common.end() || !entry->value().isString()) return std::nullopt;
+  try {
+    const YAML::Node model = YAML::Load(entry->value().toStringRef())["model"];
+    if (!model.IsMap() || !model["seq_length"]) return std::nullopt;
+    const YAML::Node type = model["position_embedding_type"];
+    // learned_absolute is the default, which a saved config of an older version may leave out.
+    return SavedSequence{model["seq_length"].as<int64_t>(), !type || type.as<std::string>() == "learned_absolute"};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// A learned absolute position table has one row per position, model.seq_length of them (as Megatron-Bridge builds
+// GPTModel with max_sequence_length = seq_length): such a checkpoint goes on only at its own seq_length. Said after
+// the mismatch when that is the case, because the generic fix (load it with its sizes) does not tell a user who meant
+// to extend the context that this model cannot be extended.
+std::string learned_positions_note(const GenericDict& common, const models::GPTConfig& run) {
+  const std::optional<SavedSequence> saved = saved_sequence(common);
+  if (!saved || !saved->learned_positions ||
+      run.position_embedding_type != models::PositionEmbeddingType::kLearnedAbsolute ||
+      saved->seq_length == run.seq_length) {
+    return "";
+  }
+  return ". Learned absolute position embeddings (model.position_embedding_type learned_absolute) have one trained "
+         "row per position, model.seq_length of them (" +
+         std::to_string(saved->seq_length) + " in the checkpoint): the model goes on at model.seq_length " +
+         std::to_string(saved->seq_length) + " only, and a phase at " + std::to_string(run.seq_length) +
+         " tokens needs a model with rotary positions (model.position_embedding_type rope or yarn), whose resume takes "
+         "any model.seq_length";
+}
+
+// A resume at another model.seq_length (a long-context phase: Llama 3 went on from 8k to 128k tokens): said once, with
+// what goes on and what starts afresh, as Megatron-LM, whose check_checkpoint_args leaves seq_length out. The
+// weights, the optimizer, the scheduler (which counts samples, not tokens) and the counters continue; the data is
+// built again at the new length and the sampler starts at consumed_train_samples, so the first global batch is
+// samples [consumed, consumed + global_batch_size) of that new dataset.
+void note_sequence_change(const PretrainSetup& setup, const GenericDict& common, int64_t iteration) {
+  const std::optional<SavedSequence> saved = saved_sequence(common);
+  const int64_t seq_length = setup.config.model.seq_length;
+  if (!saved || saved->seq_length == seq_length || parallel::get_rank() != 0) return;
+  const int64_t consumed = setup.state.train_state.consumed_train_samples;
+  bridge::utils::logger().info(
+      "model.seq_length {} (this run) differs from the checkpoint's {}: the weights, the optimizer state, the "
+      "learning-rate schedule (in samples) and the counters go on from iteration {}; the datasets are built at {} "
+      "tokens per sample and training reads them from sample {} (consumed_train_samples) on",
+      seq_length, saved->seq_length, iteration, seq_length, consumed);
+}
+
 }  // namespace
 
 std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
@@ -261,7 +320,8 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
                                               ? model_differences(saved_config->value().toStringRef(), setup.config)
                                               : std::string();
           throw ModelMismatchError(
-              error.what() + (differences.empty() ? "; make model.* match the checkpoint's config" : differences));
+              error.what() + (differences.empty() ? "; make model.* match the checkpoint's config" : differences) +
+              learned_positions_note(read.common, setup.config.model));
         }
       });
       break;
@@ -283,6 +343,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(PretrainSetup& setup) {
   if (options.progress) {
     load_progress(setup, common);
     setup.last_saved_step = setup.state.train_state.step;
+    note_sequence_change(setup, common, source->iteration);
   }
   if (options.optimizer && setup.grad_scaler() != nullptr && !files.empty()) {
     const LoadedFile& file = !own_file.empty() ? files.at(own_file) : files.begin()->second;
