@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "parallel/context_parallel/utils.h"
+
 namespace bridge::training {
 
 MockGPTDataset::MockGPTDataset(int64_t vocab_size, int64_t seq_length, uint64_t seed, int64_t size)
@@ -36,19 +38,41 @@ torch::Tensor TokenStreamDataset::sample(int64_t index) const {
 }
 
 DataIterator::DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank,
-                           int dp_size, int64_t consumed_samples, torch::Device device, DocumentMasking masking)
+                           int dp_size, int64_t consumed_samples, torch::Device device, DocumentMasking masking,
+                           int cp_rank, int cp_size)
     : dataset_(std::move(dataset)),
       micro_batch_size_(micro_batch_size),
       dp_rank_(dp_rank),
       dp_size_(dp_size),
       consumed_samples_(consumed_samples),
       device_(device),
-      masking_(masking) {
+      masking_(masking),
+      cp_rank_(cp_rank),
+      cp_size_(cp_size) {
   if (!dataset_) throw std::invalid_argument("DataIterator: no dataset");
   if (micro_batch_size < 1) throw std::invalid_argument("DataIterator: micro_batch_size must be >= 1");
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     throw std::invalid_argument("DataIterator: dp_rank " + std::to_string(dp_rank) + " is not in [0, " +
                                 std::to_string(dp_size) + ")");
+  }
+  if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size) {
+    throw std::invalid_argument("DataIterator: cp_rank " + std::to_string(cp_rank) + " is not in [0, " +
+                                std::to_string(cp_size) + ")");
+  }
+  if (cp_size > 1) {
+    const int64_t s = dataset_->seq_length();
+    if (s % (2 * int64_t{cp_size}) != 0) {
+      throw std::invalid_argument("DataIterator: the dataset's seq_length (" + std::to_string(s) +
+                                  ") is not divisible by 2 x context_parallel_size (" + std::to_string(2 * cp_size) +
+                                  "); each context-parallel rank keeps two equal chunks of every sequence");
+    }
+    // A document mask is [s, s] over the whole sequence; the context-parallel attention takes none (config.cpp
+    // refuses dataset.reset_attention_mask with cp > 1 before the world starts).
+    if (masking_.reset_attention_mask) {
+      throw std::invalid_argument(
+          "DataIterator: reset_attention_mask (document attention masks) cannot be split over context-parallel ranks; "
+          "turn it off or use context_parallel_size 1");
+    }
   }
 }
 
@@ -66,6 +90,14 @@ GPTBatch DataIterator::next() {
   batch.loss_mask = torch::ones({micro_batch_size_, s}, torch::kFloat);
   batch.position_ids = torch::arange(s, torch::kLong).unsqueeze(0).expand({micro_batch_size_, s}).contiguous();
   if (masking_.any()) apply_document_masking(batch, masking_);
+  if (cp_size_ > 1) {
+    // After the masking, which needs the whole sequence: positions stay global (and per document with
+    // reset_position_ids), so RoPE and the learned position table need no change.
+    namespace cp = parallel::context_parallel;
+    for (torch::Tensor* tensor : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids}) {
+      *tensor = cp::get_tensor_on_this_cp_rank(*tensor, /*seq_dim=*/1, cp_size_, cp_rank_).contiguous();
+    }
+  }
   if (!device_.is_cpu()) {
     for (torch::Tensor* tensor :
          {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids, &batch.attention_mask}) {

@@ -1,7 +1,9 @@
 // Data for GPT pretraining: datasets of fixed-length token samples and the iterator a step function draws
 // micro-batches from. The iterator follows Megatron's pretraining sampler: each micro-batch step takes the next
 // micro_batch_size * dp sample indices and data-parallel rank r gets the r-th slice, so every tensor-parallel rank
-// of a replica sees the same tokens and the global batch does not depend on the layout.
+// of a replica sees the same tokens and the global batch does not depend on the layout. Under context parallelism
+// each rank of the cp group then keeps its two chunks of every sequence (Megatron-Bridge's get_batch calling
+// get_batch_on_this_cp_rank), position ids included, so the model sees global positions.
 //
 //   auto dataset = std::make_shared<MockGPTDataset>(/*vocab_size=*/1024, /*seq_length=*/128, /*seed=*/7);
 //   DataIterator it(dataset, /*micro_batch_size=*/4, /*dp_rank=*/0, /*dp_size=*/1);
@@ -17,7 +19,8 @@
 
 namespace bridge::training {
 
-/// One micro-batch, [micro_batch_size, seq_length] each: labels are the tokens shifted by one.
+/// One micro-batch, [micro_batch_size, seq_length] each (seq_length / cp on a context-parallel rank, its two chunks):
+/// labels are the tokens shifted by one.
 struct GPTBatch {
   torch::Tensor tokens;        ///< int64
   torch::Tensor labels;        ///< int64
@@ -87,10 +90,14 @@ class TokenStreamDataset : public GPTDataset {
 class DataIterator {
  public:
   /// Batches are moved to `device` (the model's), as Megatron's get_batch moves them to the current GPU.
-  /// `masking` splits samples at end-of-document tokens (none by default).
+  /// `masking` splits samples at end-of-document tokens (none by default). With `cp_size` > 1 (context parallelism)
+  /// each batch keeps context-parallel rank `cp_rank`'s chunks of the sequence (parallel/context_parallel/utils.h),
+  /// which needs the dataset's seq_length divisible by 2 x cp_size and no attention mask (reset_attention_mask).
   DataIterator(std::shared_ptr<const GPTDataset> dataset, int64_t micro_batch_size, int dp_rank, int dp_size,
-               int64_t consumed_samples = 0, torch::Device device = torch::kCPU, DocumentMasking masking = {});
+               int64_t consumed_samples = 0, torch::Device device = torch::kCPU, DocumentMasking masking = {},
+               int cp_rank = 0, int cp_size = 1);
   /// The next micro-batch of this rank, on the iterator's device; advances by micro_batch_size * dp_size samples.
+  /// Document masking sees the whole sequence before the context-parallel split.
   GPTBatch next();
   int64_t consumed_samples() const { return consumed_samples_; }
   const GPTDataset& dataset() const { return *dataset_; }
@@ -102,6 +109,7 @@ class DataIterator {
   int64_t consumed_samples_;
   torch::Device device_;
   DocumentMasking masking_;
+  int cp_rank_, cp_size_;
 };
 
 /// The datasets pretrain() draws from; valid and test may be null (no evaluation then).

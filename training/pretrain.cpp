@@ -53,6 +53,7 @@ class ParallelScope {
     if (parallel::model_parallel_is_initialized()) {
       const parallel::ParallelOptions& current = parallel::get_rank_layout().options;
       if (current.tensor_model_parallel_size != config.tensor_model_parallel_size ||
+          current.context_parallel_size != config.context_parallel_size ||
           current.pipeline_model_parallel_size != config.pipeline_model_parallel_size ||
           current.virtual_pipeline_model_parallel_size != config.virtual_pipeline_model_parallel_size ||
           current.expert_model_parallel_size != config.expert_model_parallel_size ||
@@ -65,6 +66,7 @@ class ParallelScope {
     }
     parallel::ParallelOptions options;
     options.tensor_model_parallel_size = config.tensor_model_parallel_size;
+    options.context_parallel_size = config.context_parallel_size;
     options.pipeline_model_parallel_size = config.pipeline_model_parallel_size;
     options.virtual_pipeline_model_parallel_size = config.virtual_pipeline_model_parallel_size;
     options.expert_model_parallel_size = config.expert_model_parallel_size;
@@ -127,9 +129,13 @@ std::vector<DataIterator> iterators(const PretrainSetup& setup, const std::share
   masking.reset_position_ids = options.reset_position_ids;
   masking.reset_attention_mask = options.reset_attention_mask;
   masking.eod_mask_loss = options.eod_mask_loss;
+  // The ranks of a context-parallel group read the same samples (they share a data-parallel rank) and keep their
+  // own chunks of each.
+  parallel::ProcessGroup& context_parallel = parallel::get_context_parallel_group();
   for (std::size_t i = 0; i < setup.model.size(); ++i) {
     result.emplace_back(dataset, setup.config.train.micro_batch_size, setup.data_parallel_rank,
-                        setup.data_parallel_size, consumed_samples, setup.device, masking);
+                        setup.data_parallel_size, consumed_samples, setup.device, masking, context_parallel.rank(),
+                        context_parallel.size());
   }
   return result;
 }
@@ -153,9 +159,11 @@ void build_model_and_optimizer(PretrainSetup& setup) {
   setup.data_parallel_size = parallel::get_data_parallel_world_size();
   setup.data_parallel_rank = parallel::get_data_parallel_rank();
   setup.num_microbatches = config.num_microbatches(setup.world_size);
-  // Under sequence parallelism the stages exchange each rank's part of the sequence (Megatron's get_tensor_shapes).
+  // The stages exchange this rank's part of the sequence (Megatron's get_tensor_shapes): 1/cp of it under context
+  // parallelism, of which 1/tp under sequence parallelism.
   const int tp = parallel::get_tensor_model_parallel_world_size();
-  const int64_t seq = config.model.seq_length / (models::uses_sequence_parallel(config.model, tp) ? tp : 1);
+  const int64_t seq = config.model.seq_length / parallel::get_context_parallel_group().size() /
+                      (models::uses_sequence_parallel(config.model, tp) ? tp : 1);
   setup.tensor_shape = {seq, config.train.micro_batch_size, config.model.hidden_size};
 
   setup.model = models::build_gpt_model(config.model);

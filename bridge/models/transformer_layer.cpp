@@ -98,6 +98,12 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
       layernorm_epsilon_(config.layernorm_epsilon),
       recompute_core_attention_(config.recomputes("core_attn")),
       sequence_parallel_(uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
+  // Until the context-parallel attention is wired in here, attention over one rank's chunks alone would be wrong.
+  if (parallel::get_context_parallel_group().size() > 1) {
+    throw std::invalid_argument(
+        "parallelism.context_parallel_size > 1: the transformer layers do not run the context-parallel attention "
+        "yet; use context_parallel_size 1");
+  }
   const int64_t h = config.hidden_size;
   // The master QKV weight is grouped by key/value head, [q..q k v] per group: stride 1 gives each rank whole groups.
   tp::ColumnParallelLinearOptions qkv(h, config.qkv_size());

@@ -1,7 +1,8 @@
 // Documents packed into one sample (Megatron's reset_position_ids, reset_attention_mask, eod_mask_loss): the masks
 // and positions of Megatron's _get_ltor_masks_and_position_ids on its worked example, and the model under them: with
 // both resets, a document after an end-of-document token gets exactly the logits it gets alone, in either attention
-// backend. Also the tanh GeLU (openai_gelu) against its formula.
+// backend. The DataIterator's context-parallel split of such batches. Also the tanh GeLU (openai_gelu) against its
+// formula.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,6 +10,7 @@
 
 #include "bridge/models/gpt_model.h"
 #include "bridge/models/transformer_layer.h"
+#include "parallel/context_parallel/utils.h"
 #include "parallel/distributed.h"
 #include "parallel/parallel_state.h"
 #include "training/data.h"
@@ -55,6 +57,62 @@ TEST(DocumentMasking, EachOptionAlone) {
   apply_document_masking(positions_only, {9, true, false, false});
   EXPECT_EQ(values(positions_only.loss_mask), (std::vector<int64_t>{1, 1, 1}));
   EXPECT_EQ(values(positions_only.position_ids), (std::vector<int64_t>{0, 1, 0}));
+}
+
+// Context parallelism: each rank of the cp group gets the same samples as the whole run would, cut to its chunks
+// r and 2cp-1-r along the sequence (Megatron-Core's get_batch_on_this_cp_rank), after the document masking of the
+// whole sequence: the ranks' batches put back together are the cp-1 batch, positions global and per document.
+TEST(DataIterator, ContextParallelRanksKeepTheirChunksOfTheWholeBatch) {
+  const int64_t s = 16, eod = 7;
+  auto dataset = std::make_shared<MockGPTDataset>(/*vocab_size=*/8, s, /*seed=*/3);  // many eod tokens
+  DocumentMasking masking;
+  masking.eod_token = eod;
+  masking.reset_position_ids = true;
+  masking.eod_mask_loss = true;
+  for (const int cp : {2, 4}) {
+    DataIterator whole(dataset, /*micro_batch_size=*/2, /*dp_rank=*/1, /*dp_size=*/2, /*consumed_samples=*/6,
+                       torch::kCPU, masking);
+    std::vector<DataIterator> ranks;
+    for (int r = 0; r < cp; ++r) ranks.emplace_back(dataset, 2, 1, 2, 6, torch::kCPU, masking, r, cp);
+    for (int step = 0; step < 2; ++step) {
+      const GPTBatch expected = whole.next();
+      std::vector<GPTBatch> parts;
+      for (DataIterator& rank : ranks) parts.push_back(rank.next());
+      for (int r = 0; r < cp; ++r) {
+        EXPECT_EQ(parts[static_cast<std::size_t>(r)].tokens.sizes(), (std::vector<int64_t>{2, s / cp}));
+        // Rank r holds global positions [r c, (r+1) c) and [(2cp-1-r) c, (2cp-r) c), c = s / 2cp.
+        const torch::Tensor global = parallel::context_parallel::positions_on_this_cp_rank(s, cp, r);
+        EXPECT_TRUE(parts[static_cast<std::size_t>(r)].tokens.equal(expected.tokens.index_select(1, global)))
+            << "cp " << cp << " rank " << r;
+      }
+      for (const auto member : {&GPTBatch::tokens, &GPTBatch::labels, &GPTBatch::loss_mask, &GPTBatch::position_ids}) {
+        std::vector<torch::Tensor> locals;
+        for (const GPTBatch& part : parts) locals.push_back(part.*member);
+        EXPECT_TRUE(parallel::context_parallel::restore_from_cp_ranks(locals, 1).equal(expected.*member))
+            << "cp " << cp << " step " << step;
+      }
+      EXPECT_FALSE(parts[0].attention_mask.defined());
+    }
+    EXPECT_EQ(ranks[0].consumed_samples(), whole.consumed_samples());
+  }
+  // The document masking above did something: positions restart and eod's successors carry no loss.
+  DataIterator whole(dataset, 2, 0, 1, 0, torch::kCPU, masking);
+  const GPTBatch batch = whole.next();
+  EXPECT_LT(batch.loss_mask.sum().item<double>(), 2.0 * s);
+  EXPECT_FALSE(batch.position_ids.equal(torch::arange(s).unsqueeze(0).expand({2, s})));
+
+  EXPECT_THROW(DataIterator(dataset, 2, 0, 1, 0, torch::kCPU, {}, /*cp_rank=*/2, /*cp_size=*/2), std::invalid_argument);
+  try {
+    DataIterator(dataset, 2, 0, 1, 0, torch::kCPU, {}, 0, /*cp_size=*/3);  // 16 is not a multiple of 6
+    ADD_FAILURE() << "seq_length 16 split over cp 3";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("not divisible by 2 x context_parallel_size (6)"), std::string::npos)
+        << error.what();
+  }
+  DocumentMasking documents;
+  documents.eod_token = eod;
+  documents.reset_attention_mask = true;
+  EXPECT_THROW(DataIterator(dataset, 2, 0, 1, 0, torch::kCPU, documents, 0, 2), std::invalid_argument);
 }
 
 class PackedDocuments : public ::testing::TestWithParam<models::AttnBackend> {

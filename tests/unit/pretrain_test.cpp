@@ -523,7 +523,9 @@ TEST(PretrainConfig, ErrorsNameTheField) {
   expect_error(config, "model.hidden_size (16) must be divisible by model.num_attention_heads (3)");
   config = tiny_config();
   config.parallelism.tensor_model_parallel_size = 2;
-  expect_error(config, "parallelism.tensor_model_parallel_size x parallelism.pipeline_model_parallel_size (2)");
+  expect_error(config,
+               "parallelism.tensor_model_parallel_size x parallelism.context_parallel_size x "
+               "parallelism.pipeline_model_parallel_size (2)");
   config = tiny_config();
   config.optimizer.lr = -1;
   expect_error(config, "optimizer.lr");
