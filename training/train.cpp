@@ -89,7 +89,8 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
 LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::string, torch::Tensor>>& reported) {
   LossDict losses;
   if (!parallel::is_pipeline_last_stage(/*ignore_virtual=*/true)) return losses;
-  // Sum every key over the micro-batches, then over data-parallel ranks in one all-reduce.
+  // Sum every key over the micro-batches, then over data- and context-parallel ranks in one all-reduce: a
+  // [sum, count] is then the token-weighted mean over the global batch, whatever share of tokens each cp rank held.
   std::map<std::string, torch::Tensor> sums;
   for (const auto& micro_batch : reported) {
     for (const auto& [key, value] : micro_batch) {
@@ -119,7 +120,8 @@ LossDict reduce_losses(PretrainSetup& setup, const std::vector<std::map<std::str
   torch::Tensor packed = torch::cat(parts);
   data_parallel.all_reduce(packed);
   int64_t offset = 0;
-  const double replicas = static_cast<double>(setup.data_parallel_size);
+  // The replicas the values were summed over: dp x cp (each context-parallel rank reports its own tokens' share).
+  const double replicas = static_cast<double>(data_parallel.size());
   const double micro_batches = static_cast<double>(reported.size());
   for (const auto& [key, value] : sums) {
     const int64_t n = value.numel();

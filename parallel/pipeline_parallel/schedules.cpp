@@ -93,8 +93,8 @@ class StepRunner {
       if (!loss.num_tokens.defined()) {
         output = output / static_cast<double>(o_.num_microbatches);
       } else if (!o_.calculate_per_token_loss) {
-        output =
-            output / loss.num_tokens.clamp_min(1).to(output.scalar_type()) / static_cast<double>(o_.num_microbatches);
+        output = output / micro_batch_tokens(loss.num_tokens).to(output.scalar_type()) /
+                 static_cast<double>(o_.num_microbatches);
       }
       reported_[static_cast<std::size_t>(microbatch)] = std::move(loss.reported);
     } else {
@@ -124,6 +124,19 @@ class StepRunner {
     }
     if (o_.hooks.on_backward_end) o_.hooks.on_backward_end(microbatch, chunk);
     return input_grad;
+  }
+
+  // The tokens the micro-batch's loss is averaged over. Under context parallelism each rank holds part of every
+  // sequence and its own count of unmasked tokens: the loss is divided by the count over the whole cp group and
+  // multiplied by cp, so that the gradient mean over dp x cp (DistributedDataParallel) is exactly the gradient of
+  // the micro-batch's token mean, whatever share of the tokens each rank held. (Megatron-Core divides by the local
+  // count, which is the same only when the ranks hold equal counts.)
+  torch::Tensor micro_batch_tokens(const torch::Tensor& local) const {
+    ProcessGroup& context_parallel = get_context_parallel_group();
+    if (context_parallel.size() == 1) return local.clamp_min(1);
+    torch::Tensor total = local.detach().to(torch::kFloat64).reshape({1}).clone();
+    context_parallel.all_reduce(total);
+    return total.reshape({}).clamp_min(1) / static_cast<double>(context_parallel.size());
   }
 
   ReportedValues finish() {
