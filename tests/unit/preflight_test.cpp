@@ -363,6 +363,100 @@ TEST(TheoreticalMemory, SequenceParallelismSplitsTheReplicatedActivationsOverThe
   EXPECT_DOUBLE_EQ(activations(alone_sp), activations(alone));
 }
 
+// Beyond Korthikanti, what bridge's Llama block certainly keeps: RMSNorm's normalised input (one more tensor for each
+// of the two norms) and RoPE's rotated q and k beside the QKV projection. GPT-2 124M's shape in fp32 without dropout.
+TEST(TheoreticalMemory, RmsNormAndRopeKeepTheirOwnTensors) {
+  ConfigContainer config = gpt2_124m_at_4x1024();
+  config.model.hidden_dropout = 0.0;
+  const double sbh = 1024.0 * 4 * 768, logits = 4096.0 * 50304 * 4;
+  const auto activations = [&](const ConfigContainer& c) { return training::utils::estimate_memory(c, 1).activations; };
+  const double gpt = 12 * sbh * (8 * 2 + 24 * 2) + logits;
+  EXPECT_DOUBLE_EQ(activations(config), gpt);
+  config.model.normalization = models::Normalization::kRMSNorm;
+  EXPECT_DOUBLE_EQ(activations(config), gpt + 12 * sbh * 2 * 4);
+  config.model.position_embedding_type = models::PositionEmbeddingType::kRope;
+  config.model.num_query_groups = 4;  // q 768 and k 256 channels a token
+  EXPECT_DOUBLE_EQ(activations(config), gpt + 12 * sbh * 2 * 4 + 12 * 1024.0 * 4 * (768 + 256) * 4);
+}
+
+// Context parallelism at cp 2: each rank's 512 of the 1024 tokens in every per-token term (the logits too), the
+// attention's part as each cp_comm_type keeps it, and the parameters, gradients and optimizer state of cp 1, which
+// the distributed optimizer shards over dp x cp. GPT-2 124M's shape at 4 x 1024 tokens in fp32 without dropout.
+TEST(TheoreticalMemory, ContextParallelismSplitsTheSequenceAndAddsWhatEachCommTypeKeeps) {
+  using parallel::context_parallel::CpCommType;
+  ConfigContainer config = gpt2_124m_at_4x1024();
+  config.model.hidden_dropout = 0.0;
+  config.model.attention_dropout = 0.0;
+  const double h = 768, heads = 12, s = 1024, local = 512, b = 4;
+  const double outside_attention = local * b * h * (8 * 2 + 16 * 2);  // the norms' and the MLP's, fp32
+  const double logits = local * b * 50304 * 4;
+  const training::utils::MemoryEstimate cp1 = training::utils::estimate_memory(config, 1);
+  ConfigContainer cp2 = config;
+  cp2.parallelism.context_parallel_size = 2;
+  const auto with = [&](CpCommType type) {
+    ConfigContainer c = cp2;
+    c.model.cp_comm_type = type;
+    return training::utils::estimate_memory(c, 2);
+  };
+  // a2a: q, k, v of half the heads over the whole sequence (the local q, k and v's size), the fused attention's output
+  // over them and its fp32 log-sum-exp, and linear_proj's input: five [512, 4, 768] tensors and the LSE.
+  const double a2a_layer = outside_attention + local * b * (5 * h * 4 + heads * 4);
+  EXPECT_DOUBLE_EQ(with(CpCommType::kA2A).activations, 12 * a2a_layer + logits);
+  // Korthikanti's four attention tensors at cp 1; cp 2 keeps half the tokens and one more tensor (the output).
+  EXPECT_DOUBLE_EQ(cp1.activations, 12 * 2 * (outside_attention + local * b * 4 * h * 4) + 2 * logits);
+  // p2p keeps as much here (the projection, which v views, the ring's output, the LSE, linear_proj's input); its
+  // backward's working set (the own block's probabilities and their gradient, 2 x 48 x 512 x 512 fp32) stays under
+  // the 50304-wide logits freed before it.
+  EXPECT_DOUBLE_EQ(with(CpCommType::kP2P).activations, 12 * a2a_layer + logits);
+  // all_gather: the local queries (the projection they view), the whole sequence's keys and values, the fp32
+  // probabilities of the local queries over the whole sequence with their boolean mask, linear_proj's input.
+  const double all_gather_layer =
+      outside_attention + local * b * (3 * h * 4 + 2 * h * 2 * 4 + heads * s * 4 + s + h * 4);
+  EXPECT_DOUBLE_EQ(with(CpCommType::kAllGather).activations, 12 * all_gather_layer + logits);
+  // Replicated over cp as over dp: parameters, gradients and the optimizer's state are those of cp 1, and the
+  // distributed optimizer shards its state over the dp x cp = 2 ranks.
+  const training::utils::MemoryEstimate p2p = with(CpCommType::kP2P);
+  EXPECT_DOUBLE_EQ(p2p.parameters, cp1.parameters);
+  EXPECT_DOUBLE_EQ(p2p.weights, cp1.weights);
+  EXPECT_DOUBLE_EQ(p2p.gradients, cp1.gradients);
+  EXPECT_DOUBLE_EQ(p2p.optimizer, cp1.optimizer);
+  cp2.optimizer.use_distributed_optimizer = cp2.ddp.use_distributed_optimizer = true;
+  EXPECT_DOUBLE_EQ(training::utils::estimate_memory(cp2, 2).optimizer, cp1.optimizer / 2);
+}
+
+// Where the attention's backward needs more room than the logits and the last layer's MLP free before it, that room
+// is the peak: a small vocabulary and 8192 tokens (4 layers of hidden 256, 4 heads, fp32, as the benchmark's).
+TEST(TheoreticalMemory, TheContextParallelAttentionsWorkingSetIsThePeakWhereItExceedsWhatIsFreedBeforeIt) {
+  using parallel::context_parallel::CpCommType;
+  ConfigContainer config;
+  config.model.num_layers = 4;
+  config.model.hidden_size = 256;
+  config.model.num_attention_heads = 4;
+  config.model.seq_length = 8192;
+  config.model.vocab_size = 8192;
+  config.model.hidden_dropout = 0.0;
+  config.model.attention_dropout = 0.0;
+  config.train.micro_batch_size = 1;
+  config.train.global_batch_size = 1;
+  config.parallelism.context_parallel_size = 2;
+  const double h = 256, local = 4096, s = 8192;
+  const double outside_attention = local * h * (8 * 2 + 16 * 2), mlp_half = local * h * (4 * 2 + 16 * 2);
+  const double logits = local * 8192 * 4;
+  const auto activations = [&](CpCommType type) {
+    ConfigContainer c = config;
+    c.model.cp_comm_type = type;
+    return training::utils::estimate_memory(c, 2).activations;
+  };
+  const double a2a = 4 * (outside_attention + local * (5 * h * 4 + 4 * 4)) + logits;
+  EXPECT_DOUBLE_EQ(activations(CpCommType::kA2A), a2a);  // SDPA works in tiles
+  // p2p keeps what a2a keeps, then recomputes its own [4096, 4096] block's probabilities for 4 heads with their
+  // gradient beside them (256 MiB each) once the logits and the last MLP are freed.
+  EXPECT_DOUBLE_EQ(activations(CpCommType::kP2P), a2a - logits - mlp_half + 2 * 4 * local * local * 4);
+  const double all_gather_kept =
+      4 * (outside_attention + local * (3 * h * 4 + 2 * h * 2 * 4 + 4 * s * 4 + s + h * 4)) + logits;
+  EXPECT_DOUBLE_EQ(activations(CpCommType::kAllGather), all_gather_kept - logits - mlp_half + 2 * 4 * local * s * 4);
+}
+
 // The preflight's error, checked to come before the first step.
 std::string preflight_error(ConfigContainer config, int* train_starts) {
   auto callbacks = std::make_shared<CallbackManager>();

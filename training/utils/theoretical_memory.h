@@ -40,7 +40,13 @@ double num_parameters(const models::GPTConfig& model, int tensor_model_parallel_
 /// The estimate for a job of `world_size` ranks. The activations follow Korthikanti et al. 2022 without sequence
 /// parallelism, with the model's recomputation (full: the checkpointed runs' inputs and one run rebuilt at a time;
 /// selective: without core_attn's s x s probabilities or mlp's outputs), counting only what is certainly kept: a lower
-/// bound, so a run it rejects cannot fit.
+/// bound, so a run it rejects cannot fit. Beyond Korthikanti: RMSNorm's normalised inputs and RoPE's rotated q and k.
+/// Context parallelism (parallelism.context_parallel_size) gives every per-token term this rank's s / cp tokens,
+/// replaces the attention's part with what model.cp_comm_type keeps (all_gather: the whole sequence's keys and values
+/// and the fp32 probabilities of the local queries over them; a2a: the heads-for-sequence copies of q, k, v and the
+/// output; p2p: the local q, k, v, output and log-sum-exp) and adds its backward's working set at the last layer where
+/// that is the peak; parameters, gradients and optimizer state are replicated over cp as over dp (the distributed
+/// optimizer shards over dp x cp).
 MemoryEstimate estimate_memory(const ConfigContainer& config, int world_size);
 
 /// The estimate's parts: "3.2 GiB (weights 1.0 GiB, gradients 1.0 GiB, optimizer 1.0 GiB, activations 0.2 GiB for 4
