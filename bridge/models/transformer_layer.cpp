@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "parallel/context_parallel/attention.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "parallel/tensor_parallel/param_attributes.h"
@@ -97,13 +98,9 @@ SelfAttentionImpl::SelfAttentionImpl(const GPTConfig& config, const std::string&
       qk_norm_across_heads_(config.qk_layernorm_across_heads),
       layernorm_epsilon_(config.layernorm_epsilon),
       recompute_core_attention_(config.recomputes("core_attn")),
-      sequence_parallel_(uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())) {
-  // Until the context-parallel attention is wired in here, attention over one rank's chunks alone would be wrong.
-  if (parallel::get_context_parallel_group().size() > 1) {
-    throw std::invalid_argument(
-        "parallelism.context_parallel_size > 1: the transformer layers do not run the context-parallel attention "
-        "yet; use context_parallel_size 1");
-  }
+      sequence_parallel_(uses_sequence_parallel(config, parallel::get_tensor_model_parallel_world_size())),
+      context_parallel_(parallel::get_context_parallel_group().size() > 1),
+      cp_comm_type_(config.cp_comm_type) {
   const int64_t h = config.hidden_size;
   // The master QKV weight is grouped by key/value head, [q..q k v] per group: stride 1 gives each rank whole groups.
   tp::ColumnParallelLinearOptions qkv(h, config.qkv_size());
@@ -184,6 +181,12 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& hidden_states, con
   }
   const double dropout = is_training() ? attention_dropout_ : 0.0;
   const auto core = [this, attention_mask, dropout](const torch::autograd::variable_list& heads) {
+    if (context_parallel_) {
+      // This rank's two chunks of the sequence attend over the whole sequence's keys (causal by global position;
+      // the config validation refuses attention dropout and document masks at cp > 1, which this attention lacks).
+      return torch::autograd::variable_list{parallel::context_parallel::context_parallel_attention(
+          heads[0], heads[1], heads[2], cp_comm_type_, parallel::get_context_parallel_group())};
+    }
     return torch::autograd::variable_list{core_attention(heads[0], heads[1], heads[2], attention_mask, dropout,
                                                          attention_backend_, sequence_parallel_, causal_mask_)};
   };

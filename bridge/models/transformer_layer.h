@@ -7,7 +7,8 @@
 // holds whole groups and multi-head attention is the case of one query head per group. Optional per-head q/k norms
 // (qk_layernorm), RoPE on queries and keys, grouped-query attention (each key/value head serves its group's query
 // heads), a causal softmax on the local heads (LibTorch 2.x: scaled_dot_product_attention) or under the batch's
-// attention mask, projection row-parallel.
+// attention mask, projection row-parallel. Under context parallelism each rank holds two chunks of the sequence and
+// the core attention is parallel/context_parallel/attention.h's over the cp group (model.cp_comm_type).
 //
 // MLP: the dense MLP (mlp.h), or in the layers moe_layer_freq marks an MoE layer (moe/moe_layer.h) with a norm of its
 // own before it, both under the name "mlp" as in Megatron-Core.
@@ -53,8 +54,10 @@ class SelfAttentionImpl : public torch::nn::Module {
   AttnBackend attention_backend_;
   bool qk_norm_across_heads_;  // q/k RMSNorm over all heads, the sum of squares all-reduced over tensor parallelism
   double layernorm_epsilon_;
-  bool recompute_core_attention_;                                   // selective recomputation of the core attention
-  bool sequence_parallel_;                                          // the block runs in the tracker's fork
+  bool recompute_core_attention_;  // selective recomputation of the core attention
+  bool sequence_parallel_;         // the block runs in the tracker's fork
+  bool context_parallel_;          // cp > 1: the sequence's chunks are spread over the cp group, attention spans them
+  parallel::context_parallel::CpCommType cp_comm_type_;
   torch::Tensor causal_mask_ = torch::empty({0, 0}, torch::kBool);  // [s, s], true above the diagonal; per length
 };
 TORCH_MODULE(SelfAttention);
