@@ -102,6 +102,7 @@ const ArchitectureField kArchitecture[] = {
     BRIDGE_ARCHITECTURE_FIELD(position_embedding_type),
     BRIDGE_ARCHITECTURE_FIELD(rotary_base),
     BRIDGE_ARCHITECTURE_FIELD(rotary_percent),
+    BRIDGE_ARCHITECTURE_FIELD(rotary_interleaved),  // never in config.json: an hf: start leaves it false
     BRIDGE_ARCHITECTURE_FIELD(rope_scaling),
     BRIDGE_ARCHITECTURE_FIELD(rope_scaling_factor),
     BRIDGE_ARCHITECTURE_FIELD(rope_scaling_low_freq_factor),

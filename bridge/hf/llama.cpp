@@ -767,6 +767,12 @@ void save_llama(const fs::path& directory, const std::map<std::string, torch::Te
   need(family->refused == nullptr, family->refused != nullptr ? family->refused : "");
   need(config.normalization == models::Normalization::kRMSNorm, "its norms are RMSNorm (model.normalization)");
   need(config.rotary(), "its positions are RoPE (model.position_embedding_type rope or yarn)");
+  // transformers' Llama family has only the halves' rotation (rotate_half); an interleaved model's weights would load
+  // there and compute something else.
+  need(!config.rotary_interleaved,
+       "its RoPE turns channel i with channel i + head_dim / 2 and transformers has no interleaved RoPE, but "
+       "model.rotary_interleaved is true (this model turns adjacent channel pairs); train with "
+       "model.rotary_interleaved=false to export to Hugging Face");
   need(config.gated_linear_unit, "its MLP is gated (model.gated_linear_unit)");
   need(config.qk_layernorm == (family->qk_norm != QkNorm::kNone), std::string("q/k norms are ") +
                                                                       (family->qk_norm != QkNorm::kNone ? "" : "not ") +

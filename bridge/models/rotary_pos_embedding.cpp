@@ -1,4 +1,5 @@
-// RoPE's frequencies (with Llama 3.1's or YaRN's scaling) and their application to queries and keys.
+// RoPE's frequencies (with Llama 3.1's or YaRN's scaling) and their application to queries and keys, in the halves'
+// layout or the interleaved one.
 #include "bridge/models/rotary_pos_embedding.h"
 
 #include <algorithm>
@@ -82,24 +83,34 @@ RotaryEmbedding::RotaryEmbedding(const GPTConfig& config) {
                                          [&](const Scaling& candidate) { return candidate.applies(config); });
   inv_freq_ = scaling.inv_freq(powers, config);
   attention_factor_ = scaling.attention_factor(config);
+  interleaved_ = config.rotary_interleaved;
 }
 
 RotaryTables RotaryEmbedding::tables(const torch::Tensor& position_ids) const {
   const torch::Tensor inv_freq = inv_freq_.to(position_ids.device());
   // [b, s, dim / 2]: each position times each frequency, in fp32 whatever the model's dtype.
   const torch::Tensor freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [b, 1, s, dim]
-  if (attention_factor_ == 1.0) return {emb.cos(), emb.sin()};
+  // [b, 1, s, dim]: each frequency at both channels of its pair.
+  const torch::Tensor emb =
+      (interleaved_ ? freqs.repeat_interleave(2, -1) : torch::cat({freqs, freqs}, -1)).unsqueeze(1);
+  if (attention_factor_ == 1.0) return {emb.cos(), emb.sin(), interleaved_};
   // YaRN: transformers and Megatron-Core both scale the fp32 tables, so q.k grows by the factor squared.
-  return {emb.cos() * attention_factor_, emb.sin() * attention_factor_};
+  return {emb.cos() * attention_factor_, emb.sin() * attention_factor_, interleaved_};
 }
 
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& t, const RotaryTables& tables) {
   const int64_t dim = tables.cos.size(-1);
   const torch::Tensor rotated = t.narrow(-1, 0, dim);
-  const torch::Tensor x1 = rotated.narrow(-1, 0, dim / 2), x2 = rotated.narrow(-1, dim / 2, dim / 2);
+  torch::Tensor half_turned;  // each pair's partner with the sign that makes x * cos + it * sin the rotation
+  if (tables.interleaved) {
+    const torch::Tensor even = rotated.slice(-1, 0, dim, 2), odd = rotated.slice(-1, 1, dim, 2);
+    half_turned = torch::stack({-odd, even}, -1).flatten(-2);  // [-x1, x0, -x3, x2, ...]
+  } else {
+    const torch::Tensor x1 = rotated.narrow(-1, 0, dim / 2), x2 = rotated.narrow(-1, dim / 2, dim / 2);
+    half_turned = torch::cat({-x2, x1}, -1);
+  }
   const torch::Tensor cos = tables.cos.to(t.scalar_type()), sin = tables.sin.to(t.scalar_type());
-  torch::Tensor out = rotated * cos + torch::cat({-x2, x1}, -1) * sin;
+  torch::Tensor out = rotated * cos + half_turned * sin;
   if (dim == t.size(-1)) return out;
   return torch::cat({out, t.narrow(-1, dim, t.size(-1) - dim)}, -1);
 }

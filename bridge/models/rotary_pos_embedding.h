@@ -1,6 +1,8 @@
-// Rotary position embeddings (Megatron-Core's RotaryEmbedding and apply_rotary_pos_emb, non-interleaved: the
-// rotate-half layout that transformers' Llama, Qwen and Mistral use too), with Llama 3.1's frequency scaling or YaRN's
-// (Megatron-Core's YarnRotaryEmbedding: scaled frequencies, and cos and sin multiplied by an attention factor).
+// Rotary position embeddings (Megatron-Core's RotaryEmbedding and apply_rotary_pos_emb): by default the rotate-half
+// layout that transformers' Llama, Qwen and Mistral use too (channel i turns with channel i + rotary_dim / 2), or with
+// rotary_interleaved the adjacent pairs (0, 1), (2, 3), ... of RoFormer, GPT-J and Meta's original Llama; with Llama
+// 3.1's frequency scaling or YaRN's (Megatron-Core's YarnRotaryEmbedding: scaled frequencies, and cos and sin
+// multiplied by an attention factor).
 //
 //   RotaryEmbedding rope(config);                             // the inverse frequencies, once
 //   RotaryTables tables = rope.tables(position_ids);          // cos and sin per position, [b, 1, s, rotary_dim]
@@ -13,19 +15,23 @@
 
 namespace bridge::models {
 
-/// cos and sin of every position's angles, [b, 1, s, rotary_dim] in fp32 (broadcast over heads).
+/// cos and sin of every position's angles, [b, 1, s, rotary_dim] in fp32 (broadcast over heads). Frequency i sits
+/// at channels i and i + rotary_dim / 2 ([f0 .. fn, f0 .. fn], Megatron-Core's cat), or, interleaved, at channels 2i
+/// and 2i + 1 ([f0 f0 f1 f1 ..], its repeat-interleave): the layout of the channel pairs that turn together.
 struct RotaryTables {
   torch::Tensor cos;
   torch::Tensor sin;
+  bool interleaved = false;  ///< the pairs are adjacent channels (GPTConfig::rotary_interleaved)
 };
 
 class RotaryEmbedding {
  public:
-  /// Reads rotary_base, rotary_dim() and the scaling's fields of `config` (rope_scaling*, or yarn_* with
-  /// position_embedding_type yarn).
+  /// Reads rotary_base, rotary_dim(), rotary_interleaved and the scaling's fields of `config` (rope_scaling*, or
+  /// yarn_* with position_embedding_type yarn).
   explicit RotaryEmbedding(const GPTConfig& config);
 
-  /// The tables for `position_ids` ([b, s] int64), on their device; cos and sin multiplied by attention_factor().
+  /// The tables for `position_ids` ([b, s] int64), on their device, in the config's layout; cos and sin multiplied by
+  /// attention_factor().
   RotaryTables tables(const torch::Tensor& position_ids) const;
 
   /// [rotary_dim / 2] fp32: base^(-2i / rotary_dim), scaled as Llama 3.1 when rope_scaling is on, or as YaRN.
@@ -37,6 +43,7 @@ class RotaryEmbedding {
  private:
   torch::Tensor inv_freq_;
   double attention_factor_ = 1.0;
+  bool interleaved_ = false;
 };
 
 /// YaRN's attention factor ("concentration factor", "mscale") of `config`: yarn_attention_factor when set, else
@@ -45,7 +52,9 @@ class RotaryEmbedding {
 double yarn_attention_factor(const GPTConfig& config);
 
 /// Rotates the first rotary_dim channels of each head of `t` ([b, heads, s, head_dim]) by the tables' angles:
-/// t * cos + rotate_half(t) * sin, where rotate_half([x1, x2]) = [-x2, x1]. The rest pass through. In t's dtype.
+/// t * cos + rotate_half(t) * sin, where rotate_half([x1, x2]) = [-x2, x1] for the halves x1, x2, or, with
+/// tables.interleaved, rotate_half([x0, x1, x2, x3, ..]) = [-x1, x0, -x3, x2, ..] (each pair (x2i, x2i+1) times
+/// e^(i angle) as a complex number). The rest pass through. In t's dtype.
 torch::Tensor apply_rotary_pos_emb(const torch::Tensor& t, const RotaryTables& tables);
 
 }  // namespace bridge::models

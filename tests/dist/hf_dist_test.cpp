@@ -583,6 +583,31 @@ TEST_F(HuggingFace, MoeRefusesWhatBridgeCannotCompute) {
   fs::remove_all(out);
 }
 
+// transformers' Llama family rotates the two halves of each head's channels only: an import leaves
+// model.rotary_interleaved false (an hf: start adopts that, and an override of it disagrees with config.json), and
+// the export of an interleaved model is refused naming the field, before anything is written.
+TEST_F(HuggingFace, InterleavedRopeIsNeitherImportedNorExported) {
+  const fs::path out = scratch("interleaved_rope");
+  const bridge::models::GPTConfig llama = bridge::hf::hf_model_config(reference("llama").hf);
+  EXPECT_FALSE(llama.rotary_interleaved);
+  bridge::models::GPTConfig run;
+  run.rotary_interleaved = true;
+  EXPECT_FALSE(bridge::hf::with_hf_architecture(run, llama).rotary_interleaved);
+  EXPECT_THAT(bridge::hf::architecture_differences(run, llama),
+              ::testing::Contains(std::string("model.rotary_interleaved (true, config.json: false)")));
+  bridge::models::GPTConfig interleaved = llama;
+  interleaved.rotary_interleaved = true;
+  const auto weights = bridge::hf::load_hf_weights(reference("llama").hf, llama);
+  for (const char* type : {"", "llama"}) {  // the type bridge picks, and the one asked for
+    EXPECT_THAT(
+        thrown_by([&] { bridge::hf::save_hf(out / "interleaved", weights, interleaved, type); }),
+        AllOf(HasSubstr("cannot write a llama model: its RoPE turns channel i with channel i + head_dim / 2"),
+              HasSubstr("model.rotary_interleaved is true"), HasSubstr("train with model.rotary_interleaved=false")));
+  }
+  EXPECT_FALSE(fs::exists(out / "interleaved"));
+  fs::remove_all(out);
+}
+
 // An export of an imported MoE model holds what save_pretrained wrote: the same tensor names (per-expert hub names,
 // Mixtral's block_sparse_moe), shapes and bytes, and the config.json keys transformers reads, Qwen3-MoE's expert count
 // under num_local_experts (as 5.23 writes it) and num_experts (as 4.x reads it).

@@ -1,8 +1,9 @@
 // The Llama-family pieces of bridge's GPT against references written here from their definitions: the fused QKV
-// layout (Megatron-Core's grouping, both ways), RMSNorm, RoPE with Llama 3.1's scaling, grouped-query attention
-// against the same attention with every key/value head repeated, and GPTConfig's messages for layouts a group count
-// or a context-parallel size does not allow. Also the size text of bridge-export's --max-shard-size (transformers'
-// max_shard_size).
+// layout (Megatron-Core's grouping, both ways), RMSNorm, RoPE with Llama 3.1's scaling, interleaved RoPE (against
+// Meta's complex multiplication, and the whole model against the halves' layout with q/k channels reordered),
+// grouped-query attention against the same attention with every key/value head repeated, and GPTConfig's messages for
+// layouts a group count or a context-parallel size does not allow. Also the size text of bridge-export's
+// --max-shard-size (transformers' max_shard_size).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,6 +12,7 @@
 
 #include "bridge/hf/shard_size.h"
 #include "bridge/models/gpt_config.h"
+#include "bridge/models/gpt_model.h"
 #include "bridge/models/normalization.h"
 #include "bridge/models/qkv_layout.h"
 #include "bridge/models/rotary_pos_embedding.h"
@@ -88,6 +90,42 @@ TEST(Rope, RotatesPairsOfChannelsByPositionTimesFrequency) {
   }
 }
 
+// rotary_interleaved (Megatron-Core's, RoFormer's and GPT-J's layout) against Meta's original Llama apply_rotary_emb
+// written out here: each adjacent pair (x_2i, x_2i+1) of the rotated channels read as the complex number
+// x_2i + i x_2i+1 and multiplied by e^(i p f_i), f_i = base^(-2i / rotary_dim); the channels past rotary_dim (here half
+// of them: rotary_percent 0.5) pass through, and each sample of the batch has its own positions.
+TEST(Rope, InterleavedTurnsAdjacentPairsAsComplexNumbers) {
+  GPTConfig config;
+  config.hidden_size = 32;
+  config.num_attention_heads = 2;  // head width 16, rotary_dim 8: frequencies 100^(-i/4), i = 0..3
+  config.position_embedding_type = PositionEmbeddingType::kRope;
+  config.rotary_base = 100.0;
+  config.rotary_percent = 0.5;
+  config.rotary_interleaved = true;
+  const RotaryEmbedding rope(config);
+  const torch::Tensor positions = torch::tensor({{0, 3, 5, 11}, {7, 1, 2, 40}});
+  const torch::Tensor t = torch::randn({2, 2, 4, 16}, torch::kFloat64);  // [b, heads, s, d]
+  const RotaryTables tables = rope.tables(positions);
+  EXPECT_TRUE(tables.interleaved);
+  const torch::Tensor out = apply_rotary_pos_emb(t, tables);
+
+  const torch::Tensor inv_freq = 1.0 / torch::pow(100.0, torch::arange(0, 8, 2, torch::kFloat64) / 8.0);
+  const torch::Tensor angles = positions.to(torch::kFloat64).unsqueeze(-1) * inv_freq;     // [b, s, 4]
+  const torch::Tensor turn = torch::polar(torch::ones_like(angles), angles).unsqueeze(1);  // [b, 1, s, 4]
+  const torch::Tensor pairs = torch::view_as_complex(t.narrow(-1, 0, 8).reshape({2, 2, 4, 4, 2}).contiguous());
+  const torch::Tensor expected = torch::cat({torch::view_as_real(pairs * turn).flatten(-2), t.narrow(-1, 8, 8)}, -1);
+  // The tables are fp32 (as Megatron-Core's and transformers'): agreement to fp32's precision.
+  EXPECT_TRUE(torch::allclose(out, expected, 1e-6, 1e-6)) << (out - expected).abs().max();
+  EXPECT_TRUE(torch::equal(out.narrow(-1, 8, 8), t.narrow(-1, 8, 8)));
+  // The halves' layout rotates other pairs: the switch is not a no-op.
+  config.rotary_interleaved = false;
+  const RotaryTables halves = RotaryEmbedding(config).tables(positions);
+  EXPECT_FALSE(halves.interleaved);
+  EXPECT_FALSE(torch::allclose(apply_rotary_pos_emb(t, halves), expected, 1e-3, 1e-3));
+  // In a bf16 model the rotation runs in bf16, as the halves' does.
+  EXPECT_EQ(apply_rotary_pos_emb(t.to(torch::kBFloat16), tables).scalar_type(), torch::kBFloat16);
+}
+
 TEST(Rope, Llama31ScalingKeepsDividesAndBlendsByWavelength) {
   GPTConfig config;
   config.hidden_size = 32;
@@ -162,6 +200,58 @@ TEST_F(GroupedAttention, EqualsMultiHeadAttentionWithRepeatedKeyValueHeads) {
   gqa->eval();
   mha->eval();
   EXPECT_TRUE(torch::allclose(gqa(input, torch::Tensor(), &tables), mha(input, torch::Tensor(), &tables), 1e-5, 1e-5));
+}
+
+// The whole model with rotary_interleaved (the flag reaching every layer through GPTModel's RotaryEmbedding) computes
+// what the halves' layout computes once each query and key head's channels are reordered [0, 2, 4, ..; 1, 3, 5, ..]:
+// a channel order q and k share leaves q.k unchanged, and it puts each adjacent pair at (i, i + d / 2). This is how
+// Hugging Face's convert_llama_weights_to_hf reads Meta's interleaved checkpoints into its halves' Llama.
+TEST_F(GroupedAttention, InterleavedModelIsTheHalvesModelWithQueryAndKeyChannelsReordered) {
+  GPTConfig config;
+  config.num_layers = 2;
+  config.hidden_size = 32;
+  config.num_attention_heads = 4;
+  config.num_query_groups = 2;  // head width 8
+  config.vocab_size = 64;
+  config.seq_length = 6;
+  config.hidden_dropout = config.attention_dropout = 0.0;
+  config.position_embedding_type = PositionEmbeddingType::kRope;
+  config.normalization = Normalization::kRMSNorm;
+  config.init_method_std = 0.3;  // scores far from 0, so that which channels turn together shows in the logits
+  config.rotary_interleaved = true;
+  GPTChunkOptions whole;
+  whole.num_layers = config.num_layers;
+  GPTModel interleaved(config, whole);
+  GPTConfig halves_config = config;
+  halves_config.rotary_interleaved = false;
+  GPTModel halves(halves_config, whole), unchanged(halves_config, whole);
+  const int64_t d = config.head_dim();
+  const torch::Tensor order = torch::cat({torch::arange(0, d, 2), torch::arange(1, d, 2)});
+  const auto reorder_heads = [&](const torch::Tensor& rows) {  // [heads * d, ...]: each head's rows in `order`
+    return rows.view({-1, d, rows.numel() / rows.size(0)}).index_select(1, order).reshape(rows.sizes());
+  };
+  {
+    torch::NoGradGuard no_grad;
+    auto theirs = interleaved->named_parameters();
+    for (GPTModel* model : {&halves, &unchanged}) {
+      for (auto& param : (*model)->named_parameters()) {
+        torch::Tensor value = theirs[param.key()];
+        if (model == &halves && param.key().find("linear_qkv") != std::string::npos) {
+          const auto [q, k, v] = split_qkv(value, config);
+          value = fuse_qkv(reorder_heads(q), reorder_heads(k), v, config);
+        }
+        param.value().copy_(value);
+      }
+    }
+  }
+  const torch::Tensor tokens = torch::randint(64, {2, 6});
+  const torch::Tensor positions = torch::arange(6).unsqueeze(0).expand({2, 6});
+  for (GPTModel* model : {&interleaved, &halves, &unchanged}) (*model)->eval();
+  const torch::Tensor expected = interleaved(tokens, positions);
+  const torch::Tensor reordered = halves(tokens, positions);
+  EXPECT_TRUE(torch::allclose(reordered, expected, 1e-5, 1e-5)) << (reordered - expected).abs().max();
+  const torch::Tensor not_reordered = unchanged(tokens, positions);
+  EXPECT_GT((not_reordered - expected).abs().max().item<double>(), 1e-2) << "the flag changed nothing";
 }
 
 TEST(GPTConfig, GroupCountsNameTheLayoutsTheyAllow) {
