@@ -43,8 +43,7 @@ program="$build/bench/context_parallel_bench"
 command -v mpirun >/dev/null || { echo "run_context_parallel_bench.sh: needs mpirun (openmpi-bin)" >&2; exit 2; }
 # --threads alone decides the intra-op threads.
 unset OMP_NUM_THREADS
-flags=(--block llama --layers 4 --hidden 256 --heads 4 --seq "$seq" --vocab 8192 --micro-batch 1 --threads 1
-  --steps "$steps" --warmup-steps 1 "$@")
+flags=(--block llama --layers 4 --hidden 256 --heads 4 --seq "$seq" --vocab 8192 --micro-batch 1 --threads 1 "$@")
 as_root=()
 [[ "$(id -u)" != 0 ]] || as_root=(--allow-run-as-root)
 work="$(mktemp -d "${TMPDIR:-/tmp}/cp_bench.XXXXXX")"
@@ -52,18 +51,18 @@ trap 'rm -rf "$work"' EXIT
 results="$work/results"
 : >"$results"
 
-# run CP COMM: one job of CP ranks (one process, no launcher, at cp 1); its ranks' lines go to $results tagged with
-# the round, cp and comm type. The training log goes to a file; its end is shown if the job fails.
+# run CP COMM [STEPS WARMUP]: one job of CP ranks (one process, no launcher, at cp 1); its ranks' lines go to $results
+# tagged with the round, cp and comm type. The training log goes to a file; its end is shown if the job fails.
 run() {
-  local cp="$1" comm="$2" log="$work/log" launcher=()
+  local cp="$1" comm="$2" timed="${3:-$steps}" warmup="${4:-1}" log="$work/log" launcher=()
   if ((cp > 1)); then
     local port
     port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     launcher=(mpirun "${as_root[@]}" --oversubscribe --bind-to none -np "$cp" -x MASTER_ADDR=127.0.0.1
       -x MASTER_PORT="$port")
   fi
-  if ! "${launcher[@]}" "$program" "${flags[@]}" parallelism.context_parallel_size="$cp" model.cp_comm_type="$comm" \
-    >"$log.out" 2>"$log"; then
+  if ! "${launcher[@]}" "$program" --steps "$timed" --warmup-steps "$warmup" "${flags[@]}" \
+    parallelism.context_parallel_size="$cp" model.cp_comm_type="$comm" >"$log.out" 2>"$log"; then
     echo "run_context_parallel_bench.sh: cp $cp $comm failed:" >&2
     tail -20 "$log" "$log.out" >&2
     exit 1
@@ -77,8 +76,8 @@ for ((round = 1; round <= rounds; ++round)); do
   run 1 p2p
   for comm in $comm_types; do run 2 "$comm"; done
   for cp in $cps; do
-    if ((cp > 2)); then
-      for comm in $comm_types; do run "$cp" "$comm"; done
+    if ((cp > 2)); then  # memory only: one step is enough
+      for comm in $comm_types; do run "$cp" "$comm" 1 0; done
     fi
   done
   echo "load average after round $round: $(cut -d' ' -f1-3 /proc/loadavg)"
