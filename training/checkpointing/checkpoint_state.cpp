@@ -98,9 +98,20 @@ std::string model_parallel_directory_name(int tp_rank, int pp_rank, int pp_size,
   return name;
 }
 
+int data_parallel_rank_with_cp(const PretrainSetup& setup) {
+  return parallel::model_parallel_is_initialized() ? parallel::get_data_parallel_rank(/*with_context_parallel=*/true)
+                                                   : setup.data_parallel_rank;
+}
+
+int data_parallel_size_with_cp(const PretrainSetup& setup) {
+  return parallel::model_parallel_is_initialized()
+             ? parallel::get_data_parallel_world_size(/*with_context_parallel=*/true)
+             : setup.data_parallel_size;
+}
+
 CheckpointWriter checkpoint_writer(const PretrainSetup& setup) {
   CheckpointWriter writer;
-  writer.dense = setup.data_parallel_rank == 0;
+  writer.dense = data_parallel_rank_with_cp(setup) == 0;
   // Without expert-parallel groups the experts are dense parameters (attribute allreduce true), and the expert
   // data-parallel rank says nothing about which rank writes them.
   writer.experts =
@@ -155,6 +166,7 @@ c10::impl::GenericDict shared_state_dict(PretrainSetup& setup, int64_t iteration
                 static_cast<int64_t>(parallel::get_pipeline_model_parallel_world_size()));
   layout.insert("virtual_pipeline_model_parallel_size", static_cast<int64_t>(setup.model.size()));
   layout.insert("data_parallel_size", static_cast<int64_t>(setup.data_parallel_size));
+  layout.insert("context_parallel_size", static_cast<int64_t>(parallel::get_context_parallel_world_size()));
   layout.insert("tensor_model_parallel_rank", static_cast<int64_t>(parallel::get_tensor_model_parallel_rank()));
   layout.insert("pipeline_model_parallel_rank", static_cast<int64_t>(parallel::get_pipeline_model_parallel_rank()));
   // The expert layout: a load in the same one takes this file's RNG streams as its own (a file without these

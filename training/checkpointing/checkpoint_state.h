@@ -12,6 +12,10 @@
 //   shard_metadata:      {name: {"global_shape", "partition_dim", "blocks"}}
 //   callbacks, user_state
 //
+// Context-parallel ranks hold the same weights and optimizer state as data-parallel replicas do, so the writers are
+// elected over data x context parallel: without experts, the rank with data-parallel (with cp) rank 0 of each
+// (tp, pp) shard writes.
+//
 // With MoE expert parallelism, data-parallel rank 0 and expert data-parallel rank 0 write (see CheckpointWriter), each
 // all of its rank's state: the dense tensors and the experts of its expert-parallel rank, under their global names
 // (decoder.layers.N.mlp.experts.local_experts.G..., G the global expert index), split over the expert tensor-parallel
@@ -61,13 +65,20 @@ struct CheckpointParam {
 /// router.expert_bias), under their global names.
 std::vector<CheckpointParam> checkpoint_params(const PretrainSetup& setup);
 
+/// This rank's position among the ranks that hold the same dense model shard, and their number: data x context
+/// parallel (Megatron's get_data_parallel_rank(with_context_parallel=True)), whose cp ranks hold the same weights but
+/// other tokens. Without the parallel state (a single-process setup), setup's data-parallel rank and size.
+int data_parallel_rank_with_cp(const PretrainSetup& setup);
+int data_parallel_size_with_cp(const PretrainSetup& setup);
+
 /// Whether a rank writes a file and for which of its tensors the index names that file: Megatron's writers are
-/// data-parallel rank 0 and expert data-parallel rank 0 (their union covers every (tp, pp, ep) shard). Data-parallel
-/// rank 0's file is the one for the dense tensors, expert data-parallel rank 0's for the experts, so each slice has
-/// one indexed copy, which every load and export reads (the other copies are the same values: the ranks are
-/// data-parallel replicas).
+/// data-parallel (with cp) rank 0 and expert data-parallel rank 0 (their union covers every (tp, pp, ep) shard).
+/// Data-parallel rank 0's file is the one for the dense tensors, expert data-parallel rank 0's for the experts, so
+/// each slice has one indexed copy, which every load and export reads (the other copies are the same values: the
+/// ranks are data- or context-parallel replicas). Electing over dp alone would make every cp rank a writer of the same
+/// file.
 struct CheckpointWriter {
-  bool dense = false;    ///< data-parallel rank 0
+  bool dense = false;    ///< data-parallel rank 0 over data x context parallel
   bool experts = false;  ///< expert data-parallel rank 0, where expert-parallel groups are in use
   bool any() const { return dense || experts; }
   /// This rank's file is the indexed one for `entry` (and this rank names it when a load checks the names).

@@ -97,8 +97,9 @@ c10::IValue unpickle_bytes(const std::string& bytes, const std::string& what) {
   return bridge::utils::load_torch_pickle_bytes(bytes, what);
 }
 
-// Megatron-Bridge's RNG object of this rank: one per (pp, tp) rank, written by data-parallel rank 0; with expert
-// parallelism the data-parallel rank is part of it (its ranks' RNG streams differ).
+// Megatron-Bridge's RNG object of this rank: one per (pp, tp) rank, written by data-parallel (with cp) rank 0; with
+// expert parallelism the data-parallel rank is part of it (its ranks' RNG streams differ), over data x context
+// parallel as Megatron's (pp, tp, dp) rng_state object counts it: cp ranks hold other expert-parallel ranks too.
 std::string rng_key(int data_parallel_rank, int data_parallel_size) {
   const int pp = parallel::get_pipeline_model_parallel_rank(), tp = parallel::get_tensor_model_parallel_rank();
   const int pps = parallel::get_pipeline_model_parallel_world_size();
@@ -231,9 +232,9 @@ class TorchDistStrategy : public CheckpointStrategy {
     detail::on_every_rank(what, [&] {
       if (optimizer_sharding_type(setup) == kDpReshardable) add_dp_reshardable_objects(setup, step, save->objects);
       // Each rank's RNG streams and callbacks' state, where its (pp, tp[, dp]) object is this rank's to write (rank 0
-      // always writes one: data-parallel rank 0).
+      // always writes one: data-parallel rank 0). Context-parallel ranks are replicas here, as data-parallel ones.
       const bool expert_parallel = parallel::get_expert_model_parallel_world_size() > 1;
-      if (!expert_parallel && setup.data_parallel_rank != 0) return;
+      if (!expert_parallel && data_parallel_rank_with_cp(setup) != 0) return;
       GenericDict common = shared_state_dict(setup, iteration);
       GenericDict own = new_checkpoint_dict();
       own.insert("rng_state", rng_state_list());
@@ -244,7 +245,7 @@ class TorchDistStrategy : public CheckpointStrategy {
       }
       GenericList own_payload(c10::AnyType::get());
       own_payload.push_back(own);
-      save->objects.emplace_back(rng_key(setup.data_parallel_rank, setup.data_parallel_size),
+      save->objects.emplace_back(rng_key(data_parallel_rank_with_cp(setup), data_parallel_size_with_cp(setup)),
                                  pickle_bytes(own_payload));
       if (parallel::get_rank() != 0) return;
       GenericDict content = new_checkpoint_dict();
@@ -402,8 +403,9 @@ class TorchDistStrategy : public CheckpointStrategy {
         size("expert_model_parallel_size", 1) == parallel::get_expert_model_parallel_world_size() &&
         size("expert_tensor_parallel_size", saved_tp) == parallel::get_expert_tensor_parallel_world_size() &&
         (parallel::get_expert_model_parallel_world_size() == 1 ||
-         size("data_parallel_size", -1) == setup.data_parallel_size);
-    const std::string own_key = rng_key(setup.data_parallel_rank, setup.data_parallel_size);
+         (size("data_parallel_size", -1) == setup.data_parallel_size &&
+          size("context_parallel_size", 1) == parallel::get_context_parallel_world_size()));
+    const std::string own_key = rng_key(data_parallel_rank_with_cp(setup), data_parallel_size_with_cp(setup));
     const std::vector<std::string> objects = reader.byte_items();
     if (out.same_layout && std::find(objects.begin(), objects.end(), own_key) != objects.end()) {
       const c10::IValue payload = unpickle_bytes(reader.read_bytes(own_key), path + " " + own_key);
