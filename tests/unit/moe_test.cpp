@@ -136,6 +136,16 @@ TEST(MoEAuxLoss, AttachedLossGetsTheBackwardScaleAndTheOutputItsOwnGradient) {
   EXPECT_FLOAT_EQ(w.grad().item<float>(), 0.25f * 4.0f);
 }
 
+// Megatron-Core's schedule: loss_scale x cp / micro-batches. Each cp rank's aux loss is its share of the sequences'
+// loss (the shares add over tp x cp) and the gradient mean over dp x cp divides by cp: the factor puts it back.
+TEST(MoEAuxLoss, TheBackwardScaleIsTheLossScaleTimesContextParallelOverMicroBatches) {
+  EXPECT_DOUBLE_EQ(main_loss_backward_scale(1.0, 4, 1), 0.25);
+  EXPECT_DOUBLE_EQ(main_loss_backward_scale(1024.0, 4, 1), 256.0);
+  EXPECT_DOUBLE_EQ(main_loss_backward_scale(1.0, 4, 2), 0.5);
+  EXPECT_THAT([] { main_loss_backward_scale(1.0, 0, 1); },
+              ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr("num_microbatches (0)")));
+}
+
 TEST(MoEExpertBias, ExpertsBelowTheMeanAreRaisedAndBusierOnesLowered) {
   const torch::Tensor bias = torch::zeros({4});
   const torch::Tensor updated = get_updated_expert_bias(torch::tensor({1.0f, 5.0f, 3.0f, 3.0f}), bias, 1e-3);

@@ -1,6 +1,6 @@
 // MoEMetricsTracker: per-layer sums over the step's micro-batches, reduced over the job as Megatron-Core's
-// MoEMetricsTracker.report does (pipeline sum, then the metric's tensor/data-parallel reduction, then the mean over
-// the MoE layers).
+// MoEMetricsTracker.report does (pipeline sum, then the metric's tensor/data/context-parallel reduction, then the mean
+// over the MoE layers).
 #include "bridge/models/moe/moe_logging.h"
 
 #include "bridge/models/moe/moe_config.h"
@@ -14,13 +14,13 @@ std::vector<std::pair<std::string, MetricReduce>> tracked_moe_metrics(const GPTC
   if (config.moe_aux_loss_coeff > 0.0) {
     switch (config.moe_router_load_balancing_type) {
       case MoELoadBalancingType::kAuxLoss:
-        names.emplace_back("load_balancing_loss", MetricReduce::kSumTensorParallel);
+        names.emplace_back("load_balancing_loss", MetricReduce::kSumTensorAndContext);
         break;
       case MoELoadBalancingType::kSeqAuxLoss:
-        names.emplace_back("seq_load_balancing_loss", MetricReduce::kSumTensorParallel);
+        names.emplace_back("seq_load_balancing_loss", MetricReduce::kSumTensorAndContext);
         break;
       case MoELoadBalancingType::kGlobalAuxLoss:
-        names.emplace_back("global_load_balancing_loss", MetricReduce::kSumTensorAndData);
+        names.emplace_back("global_load_balancing_loss", MetricReduce::kSumTensorDataAndContext);
         break;
       case MoELoadBalancingType::kNone:
         break;
@@ -77,18 +77,23 @@ MoEReport MoEMetricsTracker::report(const GPTConfig& config, int64_t num_microba
   for (const auto& [layer, dropped] : dropped_)
     packed[n * layers + layers * experts + layer] = static_cast<double>(dropped);
   clear();
+  // Summed over tp x dp x cp (in that order, so that without context parallelism the sums are the ones they were):
+  // the cp ranks hold other tokens of the same sequences, their loss shares and token counts add as the tp ranks' do.
+  // Megatron's average over dp then divides by dp alone; the cp ranks were already summed.
   parallel::get_pipeline_model_parallel_group().all_reduce(packed);
   parallel::get_tensor_model_parallel_group().all_reduce(packed);
   parallel::get_data_parallel_group().all_reduce(packed);
+  parallel::get_context_parallel_group().all_reduce(packed);
   const double tp = parallel::get_tensor_model_parallel_world_size();
   const double dp = parallel::get_data_parallel_world_size();
+  const double cp = parallel::get_context_parallel_world_size();
   const double moe_layers = static_cast<double>(std::max<int64_t>(1, num_moe_layers(config)));
   const double micro_batches = static_cast<double>(std::max<int64_t>(1, num_microbatches));
   for (int64_t m = 0; m < n; ++m) {
     const auto& [name, reduce] = metrics[static_cast<std::size_t>(m)];
-    const double divisor = reduce == MetricReduce::kSumTensorParallel ? dp
-                           : reduce == MetricReduce::kAverage         ? tp * dp
-                                                                      : 1.0;
+    const double divisor = reduce == MetricReduce::kSumTensorAndContext ? dp
+                           : reduce == MetricReduce::kAverage           ? tp * dp * cp
+                                                                        : 1.0;
     std::vector<double> per_layer(static_cast<std::size_t>(layers));
     double total = 0.0;
     for (int64_t layer = 0; layer < layers; ++layer) {

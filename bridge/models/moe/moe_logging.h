@@ -17,9 +17,13 @@ namespace bridge::models::moe {
 
 /// How a metric is combined over ranks before the average over layers (Megatron-Core's reduce_group / avg_group).
 enum class MetricReduce {
-  kSumTensorParallel,  ///< partial per tensor-parallel rank (load_balancing_loss): sum over tp, average over dp
-  kSumTensorAndData,   ///< partial per tensor x data-parallel rank (global_load_balancing_loss): sum over both
-  kAverage,            ///< a mean per rank (z_loss): average over tensor x data-parallel ranks
+  /// partial per tensor x context-parallel rank (load_balancing_loss): sum over tp x cp (reduce_group tp_cp), average
+  /// over dp
+  kSumTensorAndContext,
+  /// partial per tensor x data x context-parallel rank (global_load_balancing_loss): sum over all three (tp_dp_cp)
+  kSumTensorDataAndContext,
+  /// a mean per rank (z_loss): average over tensor x data x context-parallel ranks (avg_group tp_dp_cp)
+  kAverage,
 };
 
 /// One step's MoE statistics after report(): every rank of the job holds the same values.
@@ -28,8 +32,8 @@ struct MoEReport {
   std::map<std::string, double> losses;
   /// name -> per global layer (0 for dense layers), as moe/<name>_layer_<i> with moe_per_layer_logging
   std::map<std::string, std::vector<double>> per_layer;
-  /// per global layer: tokens routed to each expert over the step and the whole job ([E] double; empty for dense
-  /// layers), and the tokens dropped past an expert's capacity
+  /// per global layer: tokens routed to each expert over the step and the whole job, context-parallel ranks' tokens
+  /// included ([E] double; empty for dense layers), and the tokens dropped past an expert's capacity
   std::vector<std::vector<double>> tokens_per_expert;
   std::vector<double> dropped_tokens;
 };
@@ -45,8 +49,8 @@ class MoEMetricsTracker {
   void record(const std::string& name, int64_t layer, const torch::Tensor& value);
   /// Adds a layer's routed tokens per expert ([E]) and dropped tokens for this micro-batch on this rank.
   void record_tokens(int64_t layer, const torch::Tensor& tokens_per_expert, int64_t dropped);
-  /// Reduces this step's records over the pipeline, tensor- and data-parallel groups (collectives: every rank of the
-  /// job calls it, with the same config) and clears them.
+  /// Reduces this step's records over the pipeline, tensor-, data- and context-parallel groups (collectives: every
+  /// rank of the job calls it, with the same config) and clears them.
   MoEReport report(const GPTConfig& config, int64_t num_microbatches);
   void clear();
 

@@ -170,6 +170,15 @@ torch::Tensor attach_aux_loss(const torch::Tensor& output, const torch::Tensor& 
 void set_aux_loss_backward_scale(double scale) { backward_scale().store(scale); }
 double aux_loss_backward_scale() { return backward_scale().load(); }
 
+double main_loss_backward_scale(double loss_scale, int64_t num_microbatches, int64_t context_parallel_size) {
+  if (num_microbatches < 1 || context_parallel_size < 1) {
+    throw std::invalid_argument("main_loss_backward_scale: num_microbatches (" + std::to_string(num_microbatches) +
+                                ") and context_parallel_size (" + std::to_string(context_parallel_size) +
+                                ") must be >= 1");
+  }
+  return loss_scale * static_cast<double>(context_parallel_size) / static_cast<double>(num_microbatches);
+}
+
 torch::Tensor get_updated_expert_bias(const torch::Tensor& tokens_per_expert, const torch::Tensor& expert_bias,
                                       double update_rate) {
   torch::NoGradGuard no_grad;

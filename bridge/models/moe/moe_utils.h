@@ -72,10 +72,15 @@ torch::Tensor unpermute(const torch::Tensor& permuted, const torch::Tensor& sort
 /// Megatron-Core's MoEAuxLossAutoScaler: returns `output` unchanged, and its backward also gives `aux_loss` the
 /// gradient main_loss_backward_scale, so an auxiliary loss reaches the router without being added to the main loss.
 torch::Tensor attach_aux_loss(const torch::Tensor& output, const torch::Tensor& aux_loss);
-/// The gradient attach_aux_loss gives: 1 / micro-batches of the step (x the fp16 loss scale), set by the training loop
-/// before each step, as Megatron's schedule sets MoEAuxLossAutoScaler.main_loss_backward_scale.
+/// The gradient attach_aux_loss gives: main_loss_backward_scale(...) of the step, set by the training loop before each
+/// step, as Megatron's schedule sets MoEAuxLossAutoScaler.main_loss_backward_scale.
 void set_aux_loss_backward_scale(double scale);
 double aux_loss_backward_scale();
+/// Megatron-Core's schedule's scale for the auxiliary losses (without calculate_per_token_loss): loss_scale (fp16's,
+/// else 1) x context_parallel_size / num_microbatches. The context-parallel factor: each cp rank's auxiliary loss is
+/// its share of the loss of the sequences it holds part of (the shares add up over tp x cp, see TopKRouter), while the
+/// gradient mean over dp x cp divides every rank's contribution by cp as well.
+double main_loss_backward_scale(double loss_scale, int64_t num_microbatches, int64_t context_parallel_size);
 
 /// Megatron-Core's get_updated_expert_bias: bias + rate * sign(mean(tokens) - tokens) per expert ([layers, E] or
 /// [E]): experts that got fewer tokens than the mean are raised, busier ones lowered.

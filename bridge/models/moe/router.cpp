@@ -38,8 +38,9 @@ torch::Tensor TopKRouterImpl::gating(const torch::Tensor& hidden_states) const {
 
 torch::Tensor TopKRouterImpl::apply_z_loss(torch::Tensor logits) {
   if (!config_.moe_z_loss_coeff || *config_.moe_z_loss_coeff <= 0.0) return logits;
-  // Megatron-Core divides the coefficient by the tensor-parallel size: the ranks' losses (each over its tokens) add.
-  const double coeff = *config_.moe_z_loss_coeff / parallel::get_tensor_model_parallel_world_size();
+  // Megatron-Core divides the coefficient by the tensor x context-parallel size: the ranks' losses (each over its
+  // tokens) add.
+  const double coeff = *config_.moe_z_loss_coeff / parallel::get_tensor_and_context_parallel_world_size();
   const torch::Tensor z_loss = z_loss_func(logits, coeff);
   MoEMetricsTracker::get().record("z_loss", layer_number_, z_loss / coeff);
   return attach_aux_loss(logits, z_loss);
@@ -52,7 +53,10 @@ torch::Tensor TopKRouterImpl::apply_load_balancing_loss(const torch::Tensor& log
   const int64_t k = config_.moe_router_topk;
   const int64_t experts = *config_.num_moe_experts;
   const Routing aux = compute_routing_scores_for_aux_loss(logits, k, config_.moe_router_score_function);
-  parallel::ProcessGroup& tensor_group = parallel::get_tensor_model_parallel_group();
+  // The ranks holding parts of the same sequences, as Megatron-Core's tp_cp group: the tensor-parallel ranks (under
+  // sequence parallelism) and the context-parallel ones each route their own tokens. The counts are summed over them
+  // and each rank's loss is its share: the shares add up to the loss of the whole sequences.
+  parallel::ProcessGroup& tensor_group = parallel::get_tensor_and_context_parallel_group();
   const int64_t local_tokens = logits.size(0);
   torch::Tensor loss;
   std::string name;
@@ -76,7 +80,7 @@ torch::Tensor TopKRouterImpl::apply_load_balancing_loss(const torch::Tensor& log
       break;
     }
     case MoELoadBalancingType::kGlobalAuxLoss: {
-      parallel::ProcessGroup& group = parallel::get_tensor_and_data_parallel_group();
+      parallel::ProcessGroup& group = parallel::get_tensor_and_data_parallel_group(/*with_context_parallel=*/true);
       torch::Tensor counts = aux.routing_map.sum(0).to(torch::kDouble);
       group.all_reduce(counts);
       global_tokens_per_expert_ = global_tokens_per_expert_.defined() ? global_tokens_per_expert_ + counts : counts;

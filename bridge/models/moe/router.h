@@ -2,7 +2,9 @@
 // its top-k experts (moe_utils' routing), drops tokens past an expert's capacity, and in training attaches the
 // load-balancing and z losses to its outputs so their gradients reach the gate (moe_utils' attach_aux_loss). With the
 // auxiliary-loss-free balance (moe_router_enable_expert_bias) it counts tokens per expert for the update that
-// update_expert_bias() makes after the gradient sync.
+// update_expert_bias() makes after the gradient sync. The auxiliary losses' token counts are summed over the ranks that
+// hold parts of the same sequences (tensor x context parallel, Megatron's tp_cp group), the global one's over tensor x
+// data x context parallel.
 #pragma once
 
 #include <torch/torch.h>
@@ -28,7 +30,8 @@ class TopKRouterImpl : public torch::nn::Module {
   torch::Tensor gating(const torch::Tensor& hidden_states) const;
 
   /// Aux-loss-free balance: the bias moved by `update_rate` toward balance given the tokens each expert got over
-  /// the step on every rank (`tokens_per_expert`, summed over the tensor x data-parallel group), and the count reset.
+  /// the step on every rank (`tokens_per_expert`, summed over the tensor x data x context-parallel group, Megatron's
+  /// tp_dp_cp: every rank of the stage routes tokens of its own), and the count reset.
   void update_expert_bias(const torch::Tensor& tokens_per_expert);
 
   torch::Tensor weight;                   ///< [E, h], the gate
