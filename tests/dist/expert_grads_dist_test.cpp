@@ -29,6 +29,17 @@ TEST(ExpertGrads, FourRanksEp2Edp2ReducesExpertsOverExpertDataParallel) {
   expect_all_ok_and_log(run_ranks(kWorker, {"grads", "2"}, 4, std::chrono::seconds(180)));
 }
 
+// World 4, cp 2, ep 2: dense dp 2 but dp x cp 4, so the dense grads are reduced over all four ranks (each holds its
+// own tokens) and divided by 4; experts fold over dp x cp: ep [0, 1] and [2, 3] (the cp pairs), expert dp [0, 2] and
+// [1, 3], the expert sum over 2 ranks divided by 4 as without cp.
+TEST(ExpertGrads, FourRanksCp2Ep2ReducesOverDataAndContextParallel) {
+  expect_all_ok_and_log(run_ranks(kWorker, {"grads", "2", "2"}, 4, std::chrono::seconds(180)));
+}
+
+TEST(ExpertGrads, FourRanksCp2Ep2DistributedOptimizerShardsOverDataAndContextParallel) {
+  expect_all_ok_and_log(run_ranks(kWorker, {"distopt", "2", "2"}, 4, std::chrono::seconds(180)));
+}
+
 TEST(ExpertGrads, TwoRanksEp2DistributedOptimizerStepsAsOneProcess) {
   expect_all_ok_and_log(run_ranks(kWorker, {"distopt", "2"}, 2, std::chrono::seconds(120)));
 }
@@ -47,6 +58,17 @@ TEST(ExpertGrads, FourRanksTp2Ep2Etp1NormsCountEachExpertOnce) {
 // squares are summed over the whole world, the dense ones over tp.
 TEST(ExpertGrads, FourRanksTp2Ep2Etp2NormsCountEachExpertOnce) {
   expect_all_ok_and_log(run_ranks(kWorker, {"norm", "2"}, 4, std::chrono::seconds(180)));
+}
+
+// The MoE router under context parallelism (moe_ep.md 1.4, 2.5): token counts summed over tp x cp (tp x dp x cp for
+// global_aux_loss), each cp rank's loss a share of the whole sequences' and the z-loss coefficient divided by
+// |tp x cp|; the reported values Megatron's. World 4 with cp 2 (dp 2), and cp 1 (dp 4) as the baseline.
+TEST(ExpertGrads, FourRanksCp2RouterLossesAddUpOverTheSequences) {
+  expect_all_ok_and_log(run_ranks(kWorker, {"router", "2"}, 4, std::chrono::seconds(180)));
+}
+
+TEST(ExpertGrads, FourRanksCp1RouterLossesAreEachReplicas) {
+  expect_all_ok_and_log(run_ranks(kWorker, {"router", "1"}, 4, std::chrono::seconds(180)));
 }
 
 }  // namespace

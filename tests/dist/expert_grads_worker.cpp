@@ -8,12 +8,20 @@
 // each rank is a mean over its own tokens. The whole model's objective is the mean of the ranks' losses over the
 // data-parallel group, which here (tp 1) is the world. Expert weighting per token is a fixed function of the data.
 //
-//   expert_grads_worker grads <ep>        tp 1: grads (with and without overlap, average_in_collective), bucket
+//   expert_grads_worker grads <ep> [cp]   tp 1: grads (with and without overlap, average_in_collective), bucket
 //                                         groups, grad norm, clipping, broadcast_params, parameter norm
-//   expert_grads_worker distopt <ep>      tp 1: DDP + build_optimizer vs use_distributed_optimizer +
+//   expert_grads_worker distopt <ep> [cp] tp 1: DDP + build_optimizer vs use_distributed_optimizer +
 //                                         DistributedOptimizer (AdamW, then SGD), both vs one process's step
+//
+// With context parallelism (cp, default 1) each rank's tokens are its own as well: the cp ranks of a data-parallel
+// replica hold other parts of its sequences. The objective is the same mean over every rank's loss, which the
+// gradient reduction over dp x cp (and the experts' over their data-parallel group, folded over cp) must give.
 //   expert_grads_worker norm <etp>        world 4, tp 2, ep 2: grad and parameter norms with tensor-parallel shards and
 //                                         replicas of dense and expert parameters (duplicates by expert tp rank)
+//   expert_grads_worker router <cp>       tp 1: the MoE router's load-balancing (aux, seq, global) and z losses with
+//                                         each cp rank routing part of every sequence: their losses and gradients
+//                                         add up over tp x cp (tp x dp x cp for the global one) to those of the whole
+//                                         sequences, and MoEMetricsTracker reports Megatron's values
 //
 // Prints "rank R: ... ok" and exits 0, or prints each failure and exits 1.
 #include <algorithm>
@@ -26,11 +34,16 @@
 #include <string>
 #include <vector>
 
+#include "bridge/models/gpt_config.h"
+#include "bridge/models/moe/moe_logging.h"
+#include "bridge/models/moe/moe_utils.h"
+#include "bridge/models/moe/router.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/finalize_model_grads.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel/param_attributes.h"
+#include "training/checkpointing/checkpoint_state.h"
 #include "training/optimizer/clip_grads.h"
 #include "training/optimizer/distrib_optimizer.h"
 #include "training/optimizer/optimizer.h"
@@ -221,11 +234,12 @@ std::vector<torch::Tensor> model_params(const ToyMoe& model) {
   return out;
 }
 
-void init_layout(int tensor_parallel, int expert_parallel, int expert_tensor_parallel) {
+void init_layout(int tensor_parallel, int expert_parallel, int expert_tensor_parallel, int context_parallel = 1) {
   ParallelOptions options;
   options.tensor_model_parallel_size = tensor_parallel;
   options.expert_model_parallel_size = expert_parallel;
   options.expert_tensor_parallel_size = expert_tensor_parallel;
+  options.context_parallel_size = context_parallel;
   initialize_model_parallel(options);
 }
 
@@ -243,9 +257,26 @@ void expect_bucket_groups(const DistributedDataParallel& ddp, const ToyMoe& mode
   }
 }
 
-int run_grads(int expert_parallel) {
+// Checkpoint writers are elected as the reduction runs: one dense writer (data-parallel rank 0 over dp x cp, as the cp
+// ranks hold the same weights) and one expert writer per expert-parallel rank, so no two ranks write the same file.
+void check_checkpoint_writers() {
+  bridge::training::PretrainSetup setup;
+  setup.data_parallel_rank = get_data_parallel_rank();
+  setup.data_parallel_size = get_data_parallel_world_size();
+  const bridge::training::CheckpointWriter writer = bridge::training::checkpoint_writer(setup);
+  expect(writer.dense == (get_data_parallel_rank(/*with_context_parallel=*/true) == 0), "the dense writer");
+  torch::Tensor writers = torch::tensor({writer.dense ? 1.0 : 0.0, writer.experts ? 1.0 : 0.0}, torch::kFloat64);
+  get_world_group().all_reduce(writers);
+  expect(writers[0].item<double>() == 1.0,
+         "dense checkpoint writers: " + std::to_string(writers[0].item<double>()) + ", expected 1 (tp 1, pp 1)");
+  expect(writers[1].item<double>() == static_cast<double>(get_expert_model_parallel_world_size()),
+         "expert checkpoint writers: " + std::to_string(writers[1].item<double>()) + ", expected one per ep rank");
+}
+
+int run_grads(int expert_parallel, int context_parallel) {
   init_distributed({Backend::kGloo, std::chrono::seconds(60)});
-  init_layout(1, expert_parallel, 0);
+  init_layout(1, expert_parallel, 0, context_parallel);
+  check_checkpoint_writers();
   const int world = get_world_group().size();
   const int ep_rank = get_expert_model_parallel_rank();
   constexpr double kTolerance = 1e-12;
@@ -310,8 +341,9 @@ int run_grads(int expert_parallel) {
       }
     }
   }
-  std::printf("rank %d: grads world %d ep %d edp %d: max rel diff %.3g: %s\n", get_rank(), world, expert_parallel,
-              get_expert_data_parallel_world_size(), g_max_diff, g_failures == 0 ? "ok" : "FAILED");
+  std::printf("rank %d: grads world %d cp %d ep %d edp %d: max rel diff %.3g: %s\n", get_rank(), world,
+              context_parallel, expert_parallel, get_expert_data_parallel_world_size(), g_max_diff,
+              g_failures == 0 ? "ok" : "FAILED");
   destroy_distributed();
   return g_failures == 0 ? 0 : 1;
 }
@@ -327,9 +359,9 @@ void reference_step(Reference& reference, torch::optim::Optimizer& optimizer, do
   optimizer.step();
 }
 
-int run_distributed_optimizer(int expert_parallel) {
+int run_distributed_optimizer(int expert_parallel, int context_parallel) {
   init_distributed({Backend::kGloo, std::chrono::seconds(60)});
-  init_layout(1, expert_parallel, 0);
+  init_layout(1, expert_parallel, 0, context_parallel);
   const int world = get_world_group().size();
   const int ep_rank = get_expert_model_parallel_rank();
   ProcessGroup& dp_group = get_data_parallel_group(true);
@@ -410,8 +442,8 @@ int run_distributed_optimizer(int expert_parallel) {
       }
     }
   }
-  std::printf("rank %d: distributed optimizer world %d ep %d edp %d: max rel diff %.3g: %s\n", get_rank(), world,
-              expert_parallel, edp_group.size(), g_max_diff, g_failures == 0 ? "ok" : "FAILED");
+  std::printf("rank %d: distributed optimizer world %d cp %d ep %d edp %d: max rel diff %.3g: %s\n", get_rank(), world,
+              context_parallel, expert_parallel, edp_group.size(), g_max_diff, g_failures == 0 ? "ok" : "FAILED");
   destroy_distributed();
   return g_failures == 0 ? 0 : 1;
 }
@@ -483,6 +515,118 @@ int run_norm(int expert_tensor_parallel) {
   return g_failures == 0 ? 0 : 1;
 }
 
+// The router of one MoE layer on every rank with the same gate; rank (dp d, cp r) routes the r-th of cp contiguous
+// parts of replica d's sequences ([s, b, h], b = 2 sequences). Each kind of load-balancing loss is checked against
+// Megatron's formula over the whole sequences, for the losses the tracker reports and for the gate's gradient (the
+// shares' gradients summed over the group that completes them).
+int run_router(int context_parallel) {
+  namespace moe = bridge::models::moe;
+  using bridge::models::GPTConfig;
+  init_distributed({Backend::kGloo, std::chrono::seconds(60)});
+  init_layout(1, 1, 0, context_parallel);
+  constexpr int64_t kHidden = 8, kExperts = 4, kTopk = 2, kSeq = 8, kBatch = 2;
+  constexpr double kAuxCoeff = 1e-2, kZCoeff = 1e-3, kTolerance = 1e-10;
+  const int dp = get_data_parallel_world_size(), cp = get_context_parallel_world_size();
+  const int dp_rank = get_data_parallel_rank(), cp_rank = get_context_parallel_rank();
+  const int64_t local_seq = kSeq / cp;
+  torch::manual_seed(5);
+  const torch::Tensor hidden = torch::randn({dp, kSeq, kBatch, kHidden}, torch::kFloat64);
+  torch::manual_seed(11);
+  const torch::Tensor gate = torch::randn({kExperts, kHidden}) * 0.5;
+  const torch::Tensor local = hidden[dp_rank].narrow(0, cp_rank * local_seq, local_seq);
+
+  // logsumexp(z)^2 per token of `tokens` ([..., h]) through `w`, and the routing scores for the aux losses.
+  const auto logits_of = [](const torch::Tensor& tokens, const torch::Tensor& w) {
+    return torch::matmul(tokens.reshape({-1, kHidden}), w.t());
+  };
+  const auto seq_loss = [&](const torch::Tensor& tokens, const torch::Tensor& w) {  // [S, b, h]: per sequence, / b
+    const moe::Routing aux = moe::compute_routing_scores_for_aux_loss(logits_of(tokens, w), kTopk,
+                                                                      bridge::models::MoERouterScoreFunction::kSoftmax);
+    const int64_t s = tokens.size(0);
+    return moe::switch_load_balancing_loss_func(aux.probs.reshape({s, -1}),
+                                                aux.routing_map.reshape({s, -1}).sum(0).to(torch::kDouble), s, kTopk,
+                                                kExperts, kAuxCoeff) /
+           static_cast<double>(tokens.size(1));
+  };
+  const auto aux_loss = [&](const torch::Tensor& tokens, const torch::Tensor& w) {
+    const torch::Tensor logits = logits_of(tokens, w);
+    const moe::Routing aux =
+        moe::compute_routing_scores_for_aux_loss(logits, kTopk, bridge::models::MoERouterScoreFunction::kSoftmax);
+    return moe::switch_load_balancing_loss_func(aux.probs, aux.routing_map.sum(0).to(torch::kDouble), logits.size(0),
+                                                kTopk, kExperts, kAuxCoeff);
+  };
+  const auto z_mean = [&](const torch::Tensor& tokens, const torch::Tensor& w) {
+    return moe::z_loss_func(logits_of(tokens, w), 1.0);
+  };
+
+  struct Kind {
+    bridge::models::MoELoadBalancingType type;
+    std::string name;
+  };
+  for (const Kind& kind : {Kind{bridge::models::MoELoadBalancingType::kAuxLoss, "load_balancing_loss"},
+                           Kind{bridge::models::MoELoadBalancingType::kSeqAuxLoss, "seq_load_balancing_loss"},
+                           Kind{bridge::models::MoELoadBalancingType::kGlobalAuxLoss, "global_load_balancing_loss"}}) {
+    GPTConfig config;
+    config.num_layers = 1;
+    config.hidden_size = kHidden;
+    config.num_attention_heads = 2;
+    config.num_moe_experts = kExperts;
+    config.moe_router_topk = kTopk;
+    config.moe_router_dtype = bridge::models::MoERouterDtype::kFp64;
+    config.moe_aux_loss_coeff = kAuxCoeff;
+    config.moe_z_loss_coeff = kZCoeff;
+    config.moe_router_load_balancing_type = kind.type;
+    moe::TopKRouter router(config, /*layer_number=*/0);
+    {
+      torch::NoGradGuard no_grad;
+      router->weight.copy_(gate);
+    }
+    router->train();
+    moe::MoEMetricsTracker::get().clear();
+    moe::set_aux_loss_backward_scale(1.0);
+    const moe::Routing routing = router->forward(local);
+    (routing.probs.sum() * 0.0).backward();  // only the attached losses' gradients reach the gate
+    const moe::MoEReport report = moe::MoEMetricsTracker::get().report(config, /*num_microbatches=*/1);
+
+    // The reference: leaves over the whole sequences of this rank's replica (all replicas for the global loss).
+    const bool global = kind.type == bridge::models::MoELoadBalancingType::kGlobalAuxLoss;
+    const torch::Tensor w = gate.to(torch::kFloat64).detach().requires_grad_(true);
+    torch::Tensor expected_loss = torch::zeros({}, torch::kFloat64);  // the reported value, Megatron's
+    torch::Tensor objective = torch::zeros({}, torch::kFloat64);      // whose gradient the summed shares give
+    torch::Tensor z_all = torch::zeros({}, torch::kFloat64);
+    for (int d = 0; d < dp; ++d) {
+      z_all = z_all + z_mean(hidden[d], w) / static_cast<double>(dp);
+      if (global) continue;
+      const torch::Tensor replica =
+          kind.type == bridge::models::MoELoadBalancingType::kAuxLoss ? aux_loss(hidden[d], w) : seq_loss(hidden[d], w);
+      expected_loss = expected_loss + replica.detach() / kAuxCoeff / static_cast<double>(dp);  // average over dp
+      if (d == dp_rank) objective = replica + kZCoeff * z_mean(hidden[d], w);
+    }
+    if (global) {
+      // Counts over every rank and T the job's tokens: the shares of all ranks add up to the loss of all tokens.
+      const torch::Tensor all = hidden.transpose(0, 1).reshape({kSeq, dp * kBatch, kHidden});
+      const torch::Tensor loss = aux_loss(all, w);
+      expected_loss = loss.detach() / kAuxCoeff;
+      objective = loss;
+      for (int d = 0; d < dp; ++d) objective = objective + kZCoeff * z_mean(hidden[d], w);
+    }
+    objective.backward();
+    torch::Tensor summed = router->weight.grad().to(torch::kFloat64).clone();
+    (global ? get_tensor_and_data_parallel_group(/*with_context_parallel=*/true)
+            : get_tensor_and_context_parallel_group())
+        .all_reduce(summed);
+    const std::string label = kind.name + " (cp " + std::to_string(cp) + "): ";
+    expect_near(report.losses.at(kind.name), expected_loss.item<double>(), kTolerance, label + "reported");
+    expect_near(report.losses.at("z_loss"), z_all.item<double>(), kTolerance, label + "z_loss reported");
+    // The gate is an fp32 parameter (the logits fp64): its gradient lands in fp32.
+    expect_close(summed, w.grad(), 1e-6, label + "the gate's gradient summed over the shares");
+  }
+  std::printf("rank %d: router world %d cp %d dp %d: max rel diff %.3g: %s\n", get_rank(), get_world_size(), cp, dp,
+              g_max_diff, g_failures == 0 ? "ok" : "FAILED");
+  destroy_distributed();
+  return g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -490,10 +634,13 @@ int main(int argc, char** argv) {
   try {
     const std::string scenario = argc > 2 ? argv[1] : "";
     const int size = argc > 2 ? std::atoi(argv[2]) : 0;
-    if (scenario == "grads") return run_grads(size);
-    if (scenario == "distopt") return run_distributed_optimizer(size);
+    const int context_parallel = argc > 3 ? std::atoi(argv[3]) : 1;
+    if (scenario == "grads") return run_grads(size, context_parallel);
+    if (scenario == "distopt") return run_distributed_optimizer(size, context_parallel);
     if (scenario == "norm") return run_norm(size);
-    std::fprintf(stderr, "usage: expert_grads_worker grads <ep> | distopt <ep> | norm <expert tp>\n");
+    if (scenario == "router") return run_router(size);
+    std::fprintf(stderr,
+                 "usage: expert_grads_worker grads <ep> [cp] | distopt <ep> [cp] | norm <expert tp> | router <cp>\n");
     return 2;
   } catch (const std::exception& error) {
     std::printf("rank %s: FAILED with exception: %s\n", std::getenv("RANK") ? std::getenv("RANK") : "?", error.what());
