@@ -1,6 +1,6 @@
-// GPT pretraining over real ranks: every parallel layout (tp, pp, interleaved pp, dp, and all three) reproduces the
-// single-process run's losses and per-parameter gradients to fp32 round-off over several steps from the same initial
-// weights; control requests made on one rank act on every rank at the same step.
+// GPT pretraining over real ranks: every parallel layout (tp, pp, interleaved pp, dp, cp, ep and their combinations)
+// reproduces the single-process run's losses and per-parameter gradients to fp32 round-off over several steps from the
+// same initial weights; control requests made on one rank act on every rank at the same step.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -17,6 +17,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/dist/spawn.h"
 #include "utils/net.h"
@@ -170,6 +172,39 @@ TEST(GptParityMoE, ExpertParallelLayoutsEqualTheSingleProcessRun) {
     std::printf("layout %s\n", layout.name);
     expect_matches(run_layout(layout.name, layout.world, layout.tp, layout.pp, layout.vpp, "fp32", layout.block),
                    reference);
+  }
+}
+
+// Context parallelism (each sequence split over cp ranks by Megatron-Core's load-balanced split, attention over the
+// whole sequence by each cp_comm_type): every layout against one single-process run per block. The GPT block checks
+// learned absolute positions (global positions in the embedding); the Llama block RoPE at the global positions,
+// grouped-query attention (with a2a at tp2 x cp2 its one key/value head per rank is repeated for the all-to-all), q/k
+// norms and an interleaved pipeline with full recomputation.
+TEST(GptParityCP, ContextParallelLayoutsEqualTheSingleProcessRun) {
+  struct Layout {
+    const char* name;
+    int world, tp, pp, vpp;
+    const char* block;
+  };
+  const std::vector<std::pair<const char*, std::vector<Layout>>> blocks = {
+      {"gpt",
+       {Layout{"gpt_cp2_p2p", 2, 1, 1, 0, "gpt+cp2"}, Layout{"gpt_cp2_tp2_sp", 4, 2, 1, 0, "gpt+sp+cp2"},
+        Layout{"gpt_cp2_pp2_all_gather", 4, 1, 2, 0, "gpt+cp2+all_gather"},
+        Layout{"gpt_cp2_dp2_distopt_a2a", 4, 1, 1, 0, "gpt+cp2+distopt+a2a"}}},
+      {"llama",
+       {Layout{"llama_cp2_p2p", 2, 1, 1, 0, "llama+cp2"},
+        Layout{"llama_cp2_all_gather", 2, 1, 1, 0, "llama+cp2+all_gather"},
+        Layout{"llama_cp2_a2a", 2, 1, 1, 0, "llama+cp2+a2a"},
+        Layout{"llama_cp2_tp2_sp_a2a", 4, 2, 1, 0, "llama+sp+cp2+a2a"},
+        Layout{"llama_cp2_pp2vpp2_full_recompute", 4, 1, 2, 2, "llama+cp2+full_recompute"}}}};
+  for (const auto& [block, layouts] : blocks) {
+    const RunRecord reference = run_reference(std::string("cp_") + block, block);
+    for (const Layout& layout : layouts) {
+      SCOPED_TRACE(layout.name);
+      std::printf("layout %s\n", layout.name);
+      expect_matches(run_layout(layout.name, layout.world, layout.tp, layout.pp, layout.vpp, "fp32", layout.block),
+                     reference);
+    }
   }
 }
 

@@ -72,12 +72,12 @@ using namespace bridge::training;
 using testing::expect;
 
 // "<block>[+full_recompute][+recompute_moe][+sp][+ep2][+etp1][+alltoall][+distopt][+overlap_param_gather][+bf16]
-// [+scale2^k]": the block (gpt, llama or moe: the Llama block with MoE layers), then selective recomputation of the
-// MoE layers and shared experts, expert parallelism 2 (+etp1: experts whole on each rank; +alltoall: that
-// dispatcher),
-// full recomputation of every layer (Megatron's uniform, 1 layer), sequence parallelism, the distributed optimizer
-// and its parameter all-gather overlapped with the next forward, the bf16_mixed recipe, fp16's dynamic loss scale
-// starting at 2^k with no hysteresis.
+// [+scale2^k][+cp2][+all_gather|+a2a]": the block (gpt, llama or moe: the Llama block with MoE layers), then selective
+// recomputation of the MoE layers and shared experts, expert parallelism 2 (+etp1: experts whole on each rank;
+// +alltoall: that dispatcher), full recomputation of every layer (Megatron's uniform, 1 layer), sequence parallelism,
+// the distributed optimizer and its parameter all-gather overlapped with the next forward, the bf16_mixed recipe,
+// fp16's dynamic loss scale starting at 2^k with no hysteresis, context parallelism 2 (cp_comm_type p2p, or all_gather,
+// or a2a).
 void apply_switches(ConfigContainer& config, const std::string& block) {
   std::istringstream switches(block);
   std::string item;
@@ -104,6 +104,12 @@ void apply_switches(ConfigContainer& config, const std::string& block) {
       config.parallelism.expert_tensor_parallel_size = 1;
     } else if (item == "alltoall") {
       config.model.moe_token_dispatcher_type = models::MoETokenDispatcherType::kAlltoall;
+    } else if (item == "cp2") {
+      config.parallelism.context_parallel_size = 2;
+    } else if (item == "all_gather") {
+      config.model.cp_comm_type = parallel::context_parallel::CpCommType::kAllGather;
+    } else if (item == "a2a") {
+      config.model.cp_comm_type = parallel::context_parallel::CpCommType::kA2A;
     } else if (item == "bf16") {
       apply_mixed_precision_recipe(config.mixed_precision, "bf16_mixed");
     } else if (item.rfind("scale2^", 0) == 0) {  // fp16's dynamic scale from 2^k, halved at each overflow
@@ -137,9 +143,11 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     for (const auto& group : ctx.optimizer->param_groups()) {
       for (const torch::Tensor& param : group.params()) shard += param.numel();
     }
-    const int dp = parallel::get_data_parallel_world_size();
+    // Context-parallel ranks hold the same weights as data-parallel ones: the shards are over dp x cp.
+    parallel::ProcessGroup& shards = parallel::get_data_parallel_group(/*with_context_parallel=*/true);
+    const int dp = shards.size();
     torch::Tensor total = torch::tensor({shard}, torch::kInt64);
-    parallel::get_data_parallel_group().all_reduce(total);
+    shards.all_reduce(total);
     expect(total.item<int64_t>() == model, "the data-parallel ranks' shards tile the model once: " +
                                                std::to_string(total.item<int64_t>()) + " of " + std::to_string(model));
     expect(shard * dp < model + model / 10,
@@ -157,7 +165,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     // (the reader sums the ranks' lines). Otherwise data-parallel rank 0 records whole gradients.
     const bool sharded = ctx.state.cfg->optimizer.use_distributed_optimizer;
     // Experts live on their expert-parallel rank: its expert-data-parallel rank 0 records them.
-    const bool dense_recorder = parallel::get_data_parallel_rank() == 0;
+    // Context-parallel ranks hold the same reduced gradients as data-parallel replicas: one of dp x cp records.
+    const bool dense_recorder = parallel::get_data_parallel_group(/*with_context_parallel=*/true).rank() == 0;
     const bool expert_recorder = parallel::get_expert_data_parallel_rank() == 0;
     if (!sharded && !dense_recorder && !expert_recorder) return;
     for (const auto& chunk : ctx.model) {
@@ -196,7 +205,8 @@ int run_parity(const std::string& out_dir, int tp, int pp, int vpp, int64_t step
     expect(ctx.loss_dict->empty() == !last, "loss_dict is empty exactly off the last stage");
     expect(ctx.skipped_iter.has_value(), "train_step_end has skipped_iter");
     expect(!*ctx.skipped_iter || ctx.state.cfg->mixed_precision.fp16, "only fp16 skips a step (an overflow)");
-    if (last && parallel::get_tensor_model_parallel_rank() == 0 && parallel::get_data_parallel_rank() == 0) {
+    if (last && parallel::get_tensor_model_parallel_rank() == 0 &&
+        parallel::get_data_parallel_group(/*with_context_parallel=*/true).rank() == 0) {
       char line[96];
       std::snprintf(line, sizeof(line), "loss %lld %.12e\n", static_cast<long long>(ctx.state.train_state.step),
                     ctx.loss_dict->at("lm loss").item<double>());
