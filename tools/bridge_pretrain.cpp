@@ -106,8 +106,8 @@ Data:
   generated fables, written once to $XDG_CACHE_HOME/bridge (else ~/.cache/bridge). An empty list trains on random
   tokens.
 
-Launching (the same command under each launcher; the world size must be a multiple of tp x pp, the rest is data
-parallel):
+Launching (the same command under each launcher; the world size must be a multiple of tp x cp x pp, the rest is
+data parallel):
 )";
   text += "  " + shell_word(torchrun_command()) + " --nproc_per_node=2 --no_python " + self +
           " parallelism.pipeline_model_parallel_size=2\n";
@@ -202,14 +202,17 @@ std::shared_ptr<CallbackManager> make_callbacks(RunSummary& summary) {
                 : tokenizer.tokenizer_type +
                       (tokenizer.tokenizer_model.empty() ? "" : " " + tokenizer.tokenizer_model) + ", vocab " + vocab;
         std::printf(
-            "bridge-pretrain: GPT of %lld layers, hidden %lld, ~%.2fM parameters | tp=%d pp=%d dp=%d | %lld steps of "
+            "bridge-pretrain: GPT of %lld layers, hidden %lld, ~%.2fM parameters | tp=%d pp=%d dp=%d%s | %lld steps of "
             "%lld x %lld tokens | data: %s | tokenizer: %s\n",
             static_cast<long long>(config.model.num_layers), static_cast<long long>(config.model.hidden_size),
             bridge::training::utils::num_parameters(config.model, config.parallelism.tensor_model_parallel_size) / 1e6,
             parallel::get_tensor_model_parallel_world_size(), parallel::get_pipeline_model_parallel_world_size(),
-            parallel::get_data_parallel_world_size(), static_cast<long long>(config.train.train_iters),
-            static_cast<long long>(config.train.global_batch_size), static_cast<long long>(config.model.seq_length),
-            data.c_str(), tokens.c_str());
+            parallel::get_data_parallel_world_size(),
+            parallel::get_context_parallel_world_size() > 1
+                ? (" cp=" + std::to_string(parallel::get_context_parallel_world_size())).c_str()
+                : "",
+            static_cast<long long>(config.train.train_iters), static_cast<long long>(config.train.global_batch_size),
+            static_cast<long long>(config.model.seq_length), data.c_str(), tokens.c_str());
       },
       "announce", RankFilter::kFirst);
   callbacks->register_callback(

@@ -226,10 +226,6 @@ void GPTConfig::validate(int tensor_model_parallel_size, int pipeline_model_para
   require(!qk_layernorm_across_heads || (qk_layernorm && normalization == Normalization::kRMSNorm),
           "model.qk_layernorm_across_heads needs model.qk_layernorm: true and model.normalization: RMSNorm (OLMoE's "
           "q/k RMSNorm over all heads)");
-  // Until RotaryEmbedding applies it, an interleaved RoPE would silently train with the halves' rotation.
-  require(!rotary_interleaved,
-          "model.rotary_interleaved: true is not implemented yet (RoPE rotates the two halves of each head's channels, "
-          "GPT-NeoX's layout); set model.rotary_interleaved: false");
   if (context_parallel_size > 1) validate_context_parallel(*this, tensor_model_parallel_size, context_parallel_size);
   validate_recompute(*this, pipeline_model_parallel_size);
   validate_moe(*this, tensor_model_parallel_size, expert_model_parallel_size, expert_tensor_parallel_size);

@@ -332,13 +332,6 @@ TEST(GPTConfig, ContextParallelNamesWhatItNeeds) {
   EXPECT_THAT(at_cp(1, 2), AllOf(HasSubstr("model.num_moe_experts"), HasSubstr("context_parallel_size 1")));
 }
 
-TEST(GPTConfig, RotaryInterleavedIsRefusedUntilRopeAppliesIt) {
-  GPTConfig config;
-  config.rotary_interleaved = true;
-  EXPECT_THAT(validate_error(config), AllOf(HasSubstr("model.rotary_interleaved: true is not implemented yet"),
-                                            HasSubstr("set model.rotary_interleaved: false")));
-}
-
 // transformers' convert_file_size_to_int: KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024, in any case.
 TEST(ShardSize, ReadsTransformersSizes) {
   EXPECT_EQ(hf::parse_shard_size("5GB"), 5'000'000'000);
