@@ -85,9 +85,9 @@ void initialize_model_parallel(const ParallelOptions& options) {
   auto s = std::make_unique<State>();
   s->layout = compute_rank_layout(get_world_size(), get_rank(), options);
   const RankLayout& l = s->layout;
-  // Every rank is in exactly one group of each kind, and all ranks go through the kinds in this order. The combined
-  // kinds share a group made before them where their ranks coincide, which is read from rank 0's layout (see
-  // GroupReuse), the same on every rank: with cp 1, dp-cp is dp, tp-cp is tp and tp-dp-cp is tp-dp.
+  // Every rank is in exactly one group of each kind, and all ranks go through the kinds in this order. With cp > 1 the
+  // combined kinds share a group made before them where their ranks coincide (dp 1: dp-cp is cp; tp 1: tp-cp is cp),
+  // which is read from rank 0's layout (see GroupReuse), the same on every rank.
   const RankLayout rank0 = compute_rank_layout(l.world_size, 0, options);
   GroupReuse reuse(l, rank0);
   const auto make_new = [&](const std::string& name, GroupField field) {
@@ -99,11 +99,15 @@ void initialize_model_parallel(const ParallelOptions& options) {
   s->pipeline = make_new("pp", &RankLayout::pipeline_model_parallel);
   s->data = make_new("dp", &RankLayout::data_parallel);
   s->context = make_new("cp", &RankLayout::context_parallel);
-  s->data_with_cp = reuse.make("dp-cp", &RankLayout::data_parallel_with_cp);
+  // Without context parallelism each combined kind is its cp-less group itself, as before there were cp groups (not
+  // merely one with the same ranks, such as another group of one in a single process).
+  const bool cp = options.context_parallel_size > 1;
+  s->data_with_cp = cp ? reuse.make("dp-cp", &RankLayout::data_parallel_with_cp) : s->data;
   s->model = make_new("mp", &RankLayout::model_parallel);
   s->tensor_and_data = make_new("tp-dp", &RankLayout::tensor_and_data_parallel);
-  s->tensor_and_context = reuse.make("tp-cp", &RankLayout::tensor_and_context_parallel);
-  s->tensor_and_data_with_cp = reuse.make("tp-dp-cp", &RankLayout::tensor_and_data_parallel_with_cp);
+  s->tensor_and_context = cp ? reuse.make("tp-cp", &RankLayout::tensor_and_context_parallel) : s->tensor;
+  s->tensor_and_data_with_cp =
+      cp ? reuse.make("tp-dp-cp", &RankLayout::tensor_and_data_parallel_with_cp) : s->tensor_and_data;
   if (!l.embedding.empty()) s->embedding = new_group("embd", l.embedding);
   if (!l.position_embedding.empty()) s->position_embedding = new_group("pos-embd", l.position_embedding);
   // The expert generator's groups, in this order on every rank. A shared group keeps its first name in errors.
