@@ -56,15 +56,15 @@ torch::Tensor TopKRouterImpl::apply_load_balancing_loss(const torch::Tensor& log
   // The ranks holding parts of the same sequences, as Megatron-Core's tp_cp group: the tensor-parallel ranks (under
   // sequence parallelism) and the context-parallel ones each route their own tokens. The counts are summed over them
   // and each rank's loss is its share: the shares add up to the loss of the whole sequences.
-  parallel::ProcessGroup& tensor_group = parallel::get_tensor_and_context_parallel_group();
+  parallel::ProcessGroup& tp_cp_group = parallel::get_tensor_and_context_parallel_group();
   const int64_t local_tokens = logits.size(0);
   torch::Tensor loss;
   std::string name;
   switch (config_.moe_router_load_balancing_type) {
     case MoELoadBalancingType::kAuxLoss: {
       torch::Tensor counts = aux.routing_map.sum(0).to(torch::kDouble);
-      tensor_group.all_reduce(counts);
-      loss = switch_load_balancing_loss_func(aux.probs, counts, local_tokens * tensor_group.size(), k, experts, coeff);
+      tp_cp_group.all_reduce(counts);
+      loss = switch_load_balancing_loss_func(aux.probs, counts, local_tokens * tp_cp_group.size(), k, experts, coeff);
       name = "load_balancing_loss";
       break;
     }
@@ -73,8 +73,8 @@ torch::Tensor TopKRouterImpl::apply_load_balancing_loss(const torch::Tensor& log
       const int64_t batch = local_tokens / seq_length;
       const torch::Tensor scores = aux.probs.reshape({seq_length, -1});
       torch::Tensor counts = aux.routing_map.reshape({seq_length, -1}).sum(0).to(torch::kDouble);
-      tensor_group.all_reduce(counts);
-      loss = switch_load_balancing_loss_func(scores, counts, seq_length * tensor_group.size(), k, experts, coeff) /
+      tp_cp_group.all_reduce(counts);
+      loss = switch_load_balancing_loss_func(scores, counts, seq_length * tp_cp_group.size(), k, experts, coeff) /
              static_cast<double>(batch);
       name = "seq_load_balancing_loss";
       break;
