@@ -49,10 +49,11 @@ std::vector<std::map<std::string, torch::Tensor>> forward_backward(PretrainSetup
       // fp16: the loss is multiplied by the current scale before its backward; the grads are unscaled after.
       options.grad_scale_func = [&setup](const torch::Tensor& loss) { return loss * setup.grad_scaler()->scale(); };
     }
-    // An auxiliary loss (MoE) gets the gradient the main loss's backward gives each micro-batch: 1 / micro-batches,
+    // An auxiliary loss (MoE) gets the gradient the main loss's backward gives each micro-batch: cp / micro-batches,
     // times fp16's loss scale, as Megatron's schedule sets MoEAuxLossAutoScaler's scale.
     const double loss_scale = setup.grad_scaler() != nullptr ? setup.grad_scaler()->scale() : 1.0;
-    models::moe::set_aux_loss_backward_scale(loss_scale / static_cast<double>(setup.num_microbatches));
+    models::moe::set_aux_loss_backward_scale(models::moe::main_loss_backward_scale(
+        loss_scale, setup.num_microbatches, parallel::get_context_parallel_world_size()));
     options.finalize_model_grads = [&] {
       std::vector<parallel::distributed::DistributedDataParallel*> chunks;
       for (auto& ddp : setup.ddp) chunks.push_back(ddp.get());

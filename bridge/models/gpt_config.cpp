@@ -109,12 +109,6 @@ void validate_context_parallel(const GPTConfig& config, int tensor_model_paralle
             str(local_heads) + ") is not divisible by parallelism.context_parallel_size (" + str(cp) +
             "); use model.cp_comm_type p2p or all_gather, or a context_parallel_size that divides " + str(local_heads));
   }
-  // Megatron-Core reduces the router's statistics over tp x cp (and the global ones over tp x dp x cp); bridge's MoE
-  // layers reduce them over tp and dp only, so their balancing losses would see one rank's share of each sequence.
-  require(!config.num_moe_experts,
-          "model.num_moe_experts is set with parallelism.context_parallel_size " + str(cp) +
-              ": bridge's MoE layers do not yet reduce their routing statistics over the context-parallel group; "
-              "use context_parallel_size 1 for MoE models");
 }
 
 }  // namespace

@@ -254,7 +254,8 @@ void finalize_moe_routers(const std::vector<GPTModel>& chunks) {
   std::vector<torch::Tensor> counts;
   for (moe::TopKRouterImpl* router : biased) counts.push_back(router->local_tokens_per_expert);
   torch::Tensor stacked = torch::stack(counts);
-  parallel::get_tensor_and_data_parallel_group().all_reduce(stacked);
+  // Megatron-Core sums the expert-bias counts over tp x dp x cp: the cp ranks hold different tokens of a sequence.
+  parallel::get_tensor_and_data_parallel_group(/*with_context_parallel=*/true).all_reduce(stacked);
   for (std::size_t i = 0; i < biased.size(); ++i) biased[i]->update_expert_bias(stacked[static_cast<int64_t>(i)]);
 }
 

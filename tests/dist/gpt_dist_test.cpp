@@ -179,7 +179,8 @@ TEST(GptParityMoE, ExpertParallelLayoutsEqualTheSingleProcessRun) {
 // whole sequence by each cp_comm_type): every layout against one single-process run per block. The GPT block checks
 // learned absolute positions (global positions in the embedding); the Llama block RoPE at the global positions,
 // grouped-query attention (with a2a at tp2 x cp2 its one key/value head per rank is repeated for the all-to-all), q/k
-// norms and an interleaved pipeline with full recomputation.
+// norms and an interleaved pipeline with full recomputation; the MoE block (load-balancing and z losses in the
+// gradient) expert parallelism folded over cp (and over tp x cp with etp1).
 TEST(GptParityCP, ContextParallelLayoutsEqualTheSingleProcessRun) {
   struct Layout {
     const char* name;
@@ -196,7 +197,10 @@ TEST(GptParityCP, ContextParallelLayoutsEqualTheSingleProcessRun) {
         Layout{"llama_cp2_all_gather", 2, 1, 1, 0, "llama+cp2+all_gather"},
         Layout{"llama_cp2_a2a", 2, 1, 1, 0, "llama+cp2+a2a"},
         Layout{"llama_cp2_tp2_sp_a2a", 4, 2, 1, 0, "llama+sp+cp2+a2a"},
-        Layout{"llama_cp2_pp2vpp2_full_recompute", 4, 1, 2, 2, "llama+cp2+full_recompute"}}}};
+        Layout{"llama_cp2_pp2vpp2_full_recompute", 4, 1, 2, 2, "llama+cp2+full_recompute"}}},
+      {"moe",
+       {Layout{"moe_cp2_ep2", 2, 1, 1, 0, "moe+cp2+ep2+alltoall"},
+        Layout{"moe_tp2_sp_cp2_ep2_etp1", 4, 2, 1, 0, "moe+sp+cp2+ep2+etp1+alltoall"}}}};
   for (const auto& [block, layouts] : blocks) {
     const RunRecord reference = run_reference(std::string("cp_") + block, block);
     for (const Layout& layout : layouts) {
