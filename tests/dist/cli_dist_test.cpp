@@ -192,6 +192,36 @@ TEST_F(Cli, MpirunFourRanksTrainAMegatronBridgeRecipeWithTheThreeMemorySwitches)
   EXPECT_EQ(count(result.output, "bridge-pretrain: done"), 1) << result.output;
 }
 
+// Megatron-Bridge's recipe with context parallelism as its long-context recipes set it (model.context_parallel_size,
+// model.cp_comm_type) under torchrun: four ranks, tp 2 x cp 2 with sequence parallelism, train the losses of tp 2
+// alone on two ranks (the same samples per step; each cp rank half of every sequence).
+TEST_F(Cli, TorchrunFourRanksTrainAMegatronBridgeRecipeWithContextParallelism) {
+  const auto recipe = [&](int ranks, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--config",
+                                     (kSourceDir / "examples/recipes/megatron_bridge_gpt.yaml").string(),
+                                     "model.tensor_model_parallel_size=2",
+                                     "model.sequence_parallel=true",
+                                     "train.train_iters=3",
+                                     "logger.log_interval=1",
+                                     "validation.eval_iters=1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args, {BRIDGE_TORCHRUN, "--no_python", "--nproc_per_node=" + std::to_string(ranks),
+                      "--master_addr=127.0.0.1", "--master_port=" + std::to_string(utils::find_free_port())});
+  };
+  const RankResult cp = recipe(4, {"model.context_parallel_size=2", "model.cp_comm_type=a2a"});
+  ASSERT_EQ(cp.exit_code, 0) << cp.output;
+  EXPECT_EQ(count(cp.output, "tp=2 pp=1 dp=1 cp=2"), 1) << cp.output;
+  EXPECT_EQ(count(cp.output, "bridge-pretrain: done"), 1) << cp.output;
+  const RankResult tp = recipe(2, {});
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  const std::vector<double> with_cp = logged_losses(cp.output), without = logged_losses(tp.output);
+  ASSERT_EQ(with_cp.size(), 3u) << cp.output;
+  ASSERT_EQ(without.size(), 3u) << tp.output;
+  for (std::size_t i = 0; i < without.size(); ++i) {
+    EXPECT_NEAR(with_cp[i], without[i], 1e-5 * without[i]) << "step " << i + 1;  // the log's 7 significant digits
+  }
+}
+
 TEST_F(Cli, TorchrunTwoDataParallelRanks) {
   const RankResult result =
       run(quick(), {BRIDGE_TORCHRUN, "--no_python", "--nproc_per_node=2", "-r", "0:1,1:1", "-t", "0:1,1:1",
