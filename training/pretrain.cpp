@@ -274,6 +274,22 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
   }
 }
 
+// Megatron-LM's on_setup_start: before the tokenizer, the world, the groups and the model, so a callback can start a
+// clock or an external run record that covers all of setup. Only the caller's callbacks hear it (the recipe's join once
+// the world gives them a rank); their rank filters use the launcher's rank, as the world will. The context has the
+// config as passed and an empty model; a failure here leaves before any setup, so on_exception does not fire.
+void fire_setup_start(const ConfigContainer& user_config, const std::shared_ptr<CallbackManager>& callbacks) {
+  if (!should_fire(callbacks, Event::kSetupStart)) return;
+  const parallel::LaunchEnv env =
+      parallel::is_distributed_initialized() ? parallel::get_launch_env() : parallel::detect_launch_env();
+  callbacks->set_rank(env.rank, env.world_size);
+  GlobalState state;
+  state.cfg = &user_config;
+  ModelChunks no_model;
+  CallbackContext ctx(state, no_model, callbacks->user_state());
+  callbacks->fire(Event::kSetupStart, ctx);
+}
+
 // What every run of this file does around `body`: the config as the tokenizer resolves it, the world (from the
 // launcher unless the caller started one) and the parallel groups, the preflight and the seeds, a PretrainSetup with
 // the callbacks (the caller's, then the recipe's for this run only); on a failure, on_exception and the release of
@@ -281,6 +297,7 @@ void report_exception(PretrainSetup& setup, std::exception_ptr error) {
 template <class Body>
 auto in_run(const ConfigContainer& user_config, ForwardStepFn step_fn, std::shared_ptr<CallbackManager> callbacks,
             Body&& body) {
+  fire_setup_start(user_config, callbacks);
   // The tokenizer decides the vocabulary and the EOD id before anything is sized by them.
   ConfigContainer config = user_config;
   setup_tokenizer(config);

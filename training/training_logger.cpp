@@ -225,6 +225,7 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
     record.metrics["l2_norm/grad/global"] = std::sqrt(total);
   }
   utils::LogLineFields line;
+  std::map<std::string, double> timers;  // on_log's: what the console line reports of the interval's timing
   if (console) {
     // CUDA kernels run after the host has queued them: read the clock once the interval's work is done.
     parallel::synchronize_device(setup_.device);
@@ -234,6 +235,7 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
     const int64_t iterations =
         std::max<int64_t>(1, total_loss_dict_.advanced_iterations + total_loss_dict_.skipped_iterations);
     line.elapsed_ms_per_iteration = elapsed * 1000.0 / static_cast<double>(iterations);
+    timers["iteration-time"] = line.elapsed_ms_per_iteration / 1000.0;
     const double flops = std::max(train_state.floating_point_operations_so_far - flops_at_last_log_, 0.0);
     flops_at_last_log_ = train_state.floating_point_operations_so_far;
     const double tflops = elapsed > 0.0 ? flops / elapsed / setup_.world_size / 1e12 : 0.0;
@@ -245,7 +247,10 @@ std::optional<LoggedStep> TrainingLogger::after_step(const LossDict& loss_dict, 
       record.metrics["throughput/tflops"] = tflops * setup_.world_size;
     }
   }
-  setup_.fire_training(Event::kLog, [&](CallbackContext& ctx) { ctx.log = &record; });
+  setup_.fire_training(Event::kLog, [&](CallbackContext& ctx) {
+    ctx.log = &record;
+    ctx.timers = timers;
+  });
   record.complete();  // what every on_log callback added is final: for those that asked to read it (ControlEndpoint)
 
   if (console) {

@@ -112,13 +112,20 @@ TEST_F(CallbackTest, LogRecordIsSharedWithTheLoop) {
 }
 
 TEST(ContextFieldTable, EveryFieldNamesTheEventsThatProvideIt) {
-  for (auto field : {ContextFieldId::kOptimizer, ContextFieldId::kScheduler, ContextFieldId::kLossDict,
-                     ContextFieldId::kGradNorm, ContextFieldId::kSkippedIter, ContextFieldId::kTotalLossDict,
-                     ContextFieldId::kMicroBatch, ContextFieldId::kModelChunk, ContextFieldId::kOutputTensor,
-                     ContextFieldId::kLog, ContextFieldId::kCheckpoint, ContextFieldId::kException}) {
+  for (auto field :
+       {ContextFieldId::kOptimizer, ContextFieldId::kScheduler, ContextFieldId::kLossDict, ContextFieldId::kGradNorm,
+        ContextFieldId::kSkippedIter, ContextFieldId::kTotalLossDict, ContextFieldId::kMicroBatch,
+        ContextFieldId::kModelChunk, ContextFieldId::kOutputTensor, ContextFieldId::kLog, ContextFieldId::kTimers,
+        ContextFieldId::kCheckpoint, ContextFieldId::kException}) {
     EXPECT_FALSE(events_providing(field).empty()) << to_string(field);
     EXPECT_NE(to_string(field), "unknown");
   }
+  // on_setup_start comes before anything is built: no field beyond state, model and user_state names it.
+  for (int id = 0; id <= static_cast<int>(ContextFieldId::kException); ++id) {
+    const auto& events = events_providing(static_cast<ContextFieldId>(id));
+    EXPECT_EQ(std::find(events.begin(), events.end(), Event::kSetupStart), events.end());
+  }
+  EXPECT_EQ(events_providing(ContextFieldId::kTimers), std::vector<Event>{Event::kLog});
   // Megatron-Bridge: on_checkpoint_save carries the optimizer but not the scheduler.
   const auto& optimizer_events = events_providing(ContextFieldId::kOptimizer);
   const auto& scheduler_events = events_providing(ContextFieldId::kScheduler);

@@ -124,6 +124,7 @@ void check_only(Event event, const char* method_name) {
 }
 
 TEST(Callback, EveryHandlerIsWiredToItsEvent) {
+  BRIDGE_ONLY(on_setup_start, kSetupStart)
   BRIDGE_ONLY(on_data_init_start, kDataInitStart)
   BRIDGE_ONLY(on_train_start, kTrainStart)
   BRIDGE_ONLY(on_train_step_start, kTrainStepStart)

@@ -1,4 +1,5 @@
-// Event names: Megatron-Bridge's 14 exact names plus the extensions, round trips and the unknown-name error.
+// Event names: Megatron-Bridge's 14 exact names and Megatron-LM's on_setup_start, plus the extensions, round trips
+// and the unknown-name error.
 #include "training/callbacks/event.h"
 
 #include <gmock/gmock.h>
@@ -16,9 +17,9 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 const std::set<std::string> kMegatronBridgeEvents = {
-    "on_data_init_start", "on_train_start",     "on_train_step_start", "on_train_step_end", "on_train_end",
-    "on_eval_start",      "on_eval_step_start", "on_eval_step_end",    "on_eval_end",       "on_test_start",
-    "on_test_step_start", "on_test_step_end",   "on_test_end",         "on_checkpoint_save"};
+    "on_setup_start", "on_data_init_start", "on_train_start",     "on_train_step_start", "on_train_step_end",
+    "on_train_end",   "on_eval_start",      "on_eval_step_start", "on_eval_step_end",    "on_eval_end",
+    "on_test_start",  "on_test_step_start", "on_test_step_end",   "on_test_end",         "on_checkpoint_save"};
 
 const std::set<std::string> kExtensionEvents = {"on_forward_start", "on_forward_end",          "on_backward_start",
                                                 "on_backward_end",  "on_optimizer_step_start", "on_optimizer_step_end",

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "bridge/bridge.h"
 #include "parallel/distributed.h"
+#include "parallel/parallel_state.h"
 #include "utils/logging.h"
 
 namespace bridge::training {
@@ -219,6 +221,49 @@ TEST(PretrainEvents, ExtensionEventsFirePerMicroBatchAndAroundTheOptimizer) {
   EXPECT_EQ(sequence, expected);
 }
 
+// Megatron-LM's on_setup_start: once, before every other event and before the groups and the model exist, with the
+// config as passed; the fields that need what setup builds are absent and say so when read.
+class SetupStart : public Callback {
+ public:
+  std::vector<std::string> events;
+  int setup_starts = 0;
+  bool groups_existed = true, had_model = true, had_optimizer = true, optimizer_read_threw = false;
+  int64_t train_iters_seen = 0;
+  void on_setup_start(CallbackContext& ctx) override {
+    ++setup_starts;
+    events.emplace_back(to_string(*ctx.event()));
+    groups_existed = parallel::model_parallel_is_initialized();
+    had_model = !ctx.model.empty();
+    had_optimizer = ctx.optimizer.has_value();
+    train_iters_seen = ctx.state.cfg != nullptr ? ctx.state.cfg->train.train_iters : -1;
+    try {
+      ctx.optimizer.value();
+    } catch (const std::logic_error&) {
+      optimizer_read_threw = true;
+    }
+  }
+  void on_data_init_start(CallbackContext& ctx) override { events.emplace_back(to_string(*ctx.event())); }
+  void on_train_start(CallbackContext& ctx) override { events.emplace_back(to_string(*ctx.event())); }
+  void on_train_end(CallbackContext& ctx) override { events.emplace_back(to_string(*ctx.event())); }
+};
+
+TEST(PretrainEvents, SetupStartFiresOnceFirstWithTheConfigAndNoModel) {
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 1;
+  auto callback = std::make_shared<SetupStart>();
+  auto manager = std::make_shared<CallbackManager>();
+  manager->add(callback);
+  pretrain(config, gpt_forward_step, manager);
+  EXPECT_EQ(callback->setup_starts, 1);
+  EXPECT_EQ(callback->events,
+            (std::vector<std::string>{"on_setup_start", "on_data_init_start", "on_train_start", "on_train_end"}));
+  EXPECT_FALSE(callback->groups_existed);
+  EXPECT_FALSE(callback->had_model);
+  EXPECT_FALSE(callback->had_optimizer);
+  EXPECT_TRUE(callback->optimizer_read_threw);
+  EXPECT_EQ(callback->train_iters_seen, 1);
+}
+
 TEST(PretrainEvents, SkipTrainRunsOnlyValidationAndTest) {
   ConfigContainer config = tiny_config();
   config.train.train_iters = 1;
@@ -369,6 +414,45 @@ TEST(PretrainLog, TheFirstStepIsLoggedAndEveryLineHasTheEtaAndTheStepsItsLossAve
       << text;
   EXPECT_EQ(log_iterations, (std::vector<int64_t>{1, 3, 6}));
   EXPECT_EQ(step_iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
+}
+
+// on_log's timers are the log line's: "iteration-time" is its elapsed time per iteration in seconds (and the writers'
+// iteration-time); a step that only the writers log times no interval, so its timers are empty.
+TEST(PretrainLog, OnLogTimersAreTheIntervalTimesTheLogLinePrints) {
+  const fs::path jsonl =
+      fs::temp_directory_path() / ("bridge_pretrain_timers_" + std::to_string(::getpid()) + ".jsonl");
+  ConfigContainer config = tiny_config();
+  config.train.train_iters = 4;
+  config.logging.log_interval = 2;  // console lines at 1, 2 and 4; step 3 only goes to the writer
+  config.logging.jsonl_path = jsonl.string();
+  config.logging.log_timers_to_tensorboard = true;
+  std::map<int64_t, std::map<std::string, double>> timers;
+  auto manager = std::make_shared<CallbackManager>();
+  manager->register_callback(Event::kLog, [&](CallbackContext& ctx) {
+    timers[ctx.iteration()] = *ctx.timers;
+    const auto metric = ctx.log->metrics.find("iteration-time");
+    if (ctx.timers->count("iteration-time") != 0) {
+      ASSERT_NE(metric, ctx.log->metrics.end());
+      EXPECT_EQ(metric->second, ctx.timers->at("iteration-time"));
+    }
+  });
+  CapturedLog log;
+  pretrain(config, gpt_forward_step, manager);
+  const std::string text = log.text();
+  std::map<int64_t, double> printed_ms;
+  const std::regex line(R"(iteration +([0-9]+)/ +4 \|.*? elapsed time per iteration \(ms\): ([0-9.]+) \|)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator(); ++it) {
+    printed_ms[std::stoll((*it)[1])] = std::stod((*it)[2]);
+  }
+  ASSERT_EQ(printed_ms.size(), 3U) << text;
+  ASSERT_EQ(timers.size(), 4U);
+  EXPECT_TRUE(timers.at(3).empty());
+  for (const auto& [iteration, ms] : printed_ms) {
+    ASSERT_EQ(timers.at(iteration).size(), 1U) << iteration;
+    EXPECT_NEAR(timers.at(iteration).at("iteration-time") * 1000.0, ms, 0.05 + 1e-9) << iteration;  // "%.1f"
+    EXPECT_GT(timers.at(iteration).at("iteration-time"), 0.0);
+  }
+  fs::remove(jsonl);
 }
 
 // A stop asked for at an evaluation ends training; the validation after training must not ask again, which logged

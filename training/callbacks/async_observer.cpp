@@ -26,6 +26,7 @@ EventSnapshot snapshot_of(Event event, const CallbackContext& ctx) {
   if (ctx.loss_dict.has_value()) numbers(*ctx.loss_dict, snapshot.losses);
   if (ctx.total_loss_dict.has_value()) numbers(*ctx.total_loss_dict, snapshot.losses);
   if (ctx.log.has_value()) snapshot.metrics = ctx.log->metrics;
+  if (ctx.timers.has_value()) snapshot.timers = *ctx.timers;
   if (ctx.grad_norm.has_value()) snapshot.grad_norm = *ctx.grad_norm;
   if (ctx.checkpoint.has_value()) snapshot.checkpoint_path = ctx.checkpoint->path;
   return snapshot;

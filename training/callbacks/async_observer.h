@@ -39,6 +39,7 @@ struct EventSnapshot {
   /// total_loss_dict at on_eval_end / on_test_end; empty elsewhere and off the last pipeline stage.
   std::map<std::string, double> losses;
   std::map<std::string, double> metrics;  ///< on_log: the record the metric writers get
+  std::map<std::string, double> timers;   ///< on_log: ctx.timers (seconds per iteration by Megatron's timer names)
   std::optional<double> grad_norm;
   std::optional<std::string> checkpoint_path;  ///< on_checkpoint_save / on_checkpoint_load
   std::chrono::system_clock::time_point time;  ///< when the event fired

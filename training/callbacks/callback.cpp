@@ -13,33 +13,23 @@ namespace {
 
 // In Event's declaration order; tests check every entry.
 constexpr std::array<Callback::Method, kNumEvents> kMethods = {
-    &Callback::on_data_init_start,
-    &Callback::on_train_start,
-    &Callback::on_train_step_start,
-    &Callback::on_train_step_end,
-    &Callback::on_train_end,
-    &Callback::on_eval_start,
-    &Callback::on_eval_step_start,
-    &Callback::on_eval_step_end,
-    &Callback::on_eval_end,
-    &Callback::on_test_start,
-    &Callback::on_test_step_start,
-    &Callback::on_test_step_end,
-    &Callback::on_test_end,
-    &Callback::on_checkpoint_save,
-    &Callback::on_forward_start,
-    &Callback::on_forward_end,
-    &Callback::on_backward_start,
-    &Callback::on_backward_end,
-    &Callback::on_optimizer_step_start,
-    &Callback::on_optimizer_step_end,
-    &Callback::on_log,
-    &Callback::on_checkpoint_load,
-    &Callback::on_exception,
+    &Callback::on_setup_start,        &Callback::on_data_init_start,
+    &Callback::on_train_start,        &Callback::on_train_step_start,
+    &Callback::on_train_step_end,     &Callback::on_train_end,
+    &Callback::on_eval_start,         &Callback::on_eval_step_start,
+    &Callback::on_eval_step_end,      &Callback::on_eval_end,
+    &Callback::on_test_start,         &Callback::on_test_step_start,
+    &Callback::on_test_step_end,      &Callback::on_test_end,
+    &Callback::on_checkpoint_save,    &Callback::on_forward_start,
+    &Callback::on_forward_end,        &Callback::on_backward_start,
+    &Callback::on_backward_end,       &Callback::on_optimizer_step_start,
+    &Callback::on_optimizer_step_end, &Callback::on_log,
+    &Callback::on_checkpoint_load,    &Callback::on_exception,
 };
 
 }  // namespace
 
+void Callback::on_setup_start(CallbackContext&) {}
 void Callback::on_data_init_start(CallbackContext&) {}
 void Callback::on_train_start(CallbackContext&) {}
 void Callback::on_train_step_start(CallbackContext&) {}

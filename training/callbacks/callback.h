@@ -54,6 +54,7 @@ class Callback {
   // One handler per event; each is a no-op unless overridden. They are defined out of line so that every shared
   // library sees the same base functions, which override detection compares against.
 
+  virtual void on_setup_start(CallbackContext& ctx);
   virtual void on_data_init_start(CallbackContext& ctx);
   virtual void on_train_start(CallbackContext& ctx);
   virtual void on_train_step_start(CallbackContext& ctx);

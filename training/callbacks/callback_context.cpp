@@ -33,6 +33,8 @@ std::string_view to_string(ContextFieldId field) {
       return "output_tensor";
     case ContextFieldId::kLog:
       return "log";
+    case ContextFieldId::kTimers:
+      return "timers";
     case ContextFieldId::kCheckpoint:
       return "checkpoint";
     case ContextFieldId::kException:
@@ -80,6 +82,7 @@ const std::vector<Event>& events_providing(ContextFieldId field) {
     case ContextFieldId::kOutputTensor:
       return kOutputTensor;
     case ContextFieldId::kLog:
+    case ContextFieldId::kTimers:
       return kLog;
     case ContextFieldId::kCheckpoint:
       return kCheckpoint;

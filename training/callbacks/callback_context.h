@@ -2,7 +2,9 @@
 //
 // `state`, `model` and `user_state` are present at every event. Every other field is present only at the events that
 // provide it (the table in README.md); reading an absent field throws std::logic_error naming the field and the events
-// that provide it. "Absent" is distinct from "empty": off the last pipeline stage, on_train_step_end carries an empty
+// that provide it. At on_setup_start nothing is built yet: `model` is empty, state.train_state is a fresh one and
+// state.cfg is the config as passed to pretrain() (before the tokenizer and validation complete it), and every other
+// field is absent. "Absent" is distinct from "empty": off the last pipeline stage, on_train_step_end carries an empty
 // loss_dict, not an absent one.
 //
 //   manager.register_callback(Event::kTrainStepEnd, [](CallbackContext& ctx) {
@@ -103,6 +105,7 @@ enum class ContextFieldId : std::uint8_t {
   kModelChunk,
   kOutputTensor,
   kLog,
+  kTimers,
   kCheckpoint,
   kException,
 };
@@ -205,6 +208,11 @@ class CallbackContext {
   // on_forward_end: the chunk's output (activations, or the loss on the last stage).
   ContextField<torch::Tensor, ContextFieldId::kOutputTensor> output_tensor;
   ContextRef<LogRecord, ContextFieldId::kLog> log;
+  /// on_log: the timers the log line reports, by Megatron's names, in seconds per iteration over the log interval
+  /// (Megatron-LM hands on_log its timers too, as timers_to_log). Empty at a step that only the metric writers log,
+  /// where no interval is timed. "iteration-time": the wall time of a step (the log line's "elapsed time per
+  /// iteration (ms)" / 1000, the writers' iteration-time).
+  ContextField<std::map<std::string, double>, ContextFieldId::kTimers> timers;
   ContextField<CheckpointInfo, ContextFieldId::kCheckpoint> checkpoint;
   ContextField<ExceptionInfo, ContextFieldId::kException> exception;
 

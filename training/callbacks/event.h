@@ -1,8 +1,9 @@
 // The lifecycle events of the training loop, and their validated names.
 //
-// The first 14 are Megatron-Bridge's events under their exact names. The rest fill the gaps that users of Composer,
-// Lightning and HF Trainer rely on: per-micro-batch forward/backward, the optimizer step, the log line, checkpoint
-// loading, and a last word before an exception ends training.
+// The first 15 are Megatron's events under their exact names: Megatron-Bridge's 14 and on_setup_start, which
+// Megatron-LM's newer callback API (megatron/training/callbacks.py) fires before anything is built. The rest fill the
+// gaps that users of Composer, Lightning and HF Trainer rely on: per-micro-batch forward/backward, the optimizer step,
+// the log line, checkpoint loading, and a last word before an exception ends training.
 #pragma once
 
 #include <array>
@@ -17,7 +18,8 @@ namespace bridge::training {
 inline namespace callbacks {
 
 enum class Event : std::uint8_t {
-  // Megatron-Bridge events.
+  // Megatron-Bridge events (with Megatron-LM's on_setup_start).
+  kSetupStart,      ///< pretrain() is starting: no world, groups or model yet; state.cfg is the config as passed.
   kDataInitStart,   ///< Model, optimizer and scheduler built, before the data iterators.
   kTrainStart,      ///< After model.train(), before the first step.
   kTrainStepStart,  ///< Start of each training step; train_state.step is the 0-based step in flight.
