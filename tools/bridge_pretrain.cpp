@@ -6,7 +6,9 @@
 //   mpirun -np 4 bridge-pretrain --config examples/recipes/tp2_pp2.yaml
 //   bridge-pretrain --config recipe.yaml --print-config        # the resolved config, as YAML
 //
-// Exit status: 0 done, 1 training failed, 2 bad command line or config (printed once, by rank 0).
+// Exit status: 0 done, 1 training failed (a restart may succeed), 2 bad command line or config (printed once, by
+// rank 0), 93 a damaged checkpoint that a restart would refuse again; docs/failures.md. Under
+// torchrun, every failing rank also writes TORCHELASTIC_ERROR_FILE, so torchrun's root cause report shows its message.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -31,16 +33,47 @@
 #include "training/preflight.h"
 #include "training/tokenizer_setup.h"
 #include "training/utils/theoretical_memory.h"
+#include "utils/elastic_error_file.h"
 #include "utils/exception_message.h"
 #include "utils/strings.h"
+#include "utils/type_name.h"
+#include "utils/zip_archive.h"
 
 namespace {
 
 using namespace bridge;
 using namespace bridge::training;
 
+// Exit codes that tell a launcher whether to start the job again (docs/failures.md). 1 is any failure a restart may
+// get past (a lost rank, a full disk, a stall). 2 and 93 fail the same way on every restart: 2 is the command line or
+// config, found before training; 93 (NVIDIA Resiliency Extension's "do not restart" code, which its Slurm examples
+// end a job chain on) a damaged checkpoint the run must load (auto-resume falls back past one instead).
 constexpr int kExitTrainingFailed = 1;
 constexpr int kExitBadConfig = 2;
+constexpr int kExitDoNotRestart = 93;
+
+// Where a failure happened, for torchrun's report: the step is known once training has started (on_exception).
+struct FailureContext {
+  const parallel::LaunchEnv* env = nullptr;
+  std::optional<int64_t> step;
+};
+
+// Prints `line` (when `print`) and records it in TORCHELASTIC_ERROR_FILE with what locates it: C++ has no stack to
+// show, so the exception's type, the rank and the step stand in for torchelastic's Python traceback. Every failing
+// rank records, printing or not (each has its own file; torchrun reports the earliest). Returns `code`.
+int fail(int code, const std::string& line, const std::exception& error, const FailureContext& where, bool print) {
+  if (print) std::fprintf(stderr, "%s\n", line.c_str());
+  const parallel::LaunchEnv& env = *where.env;
+  std::string callstack = bridge::utils::demangled_name(typeid(error)) + " on rank " + std::to_string(env.rank) +
+                          " of " + std::to_string(env.world_size) + " (local rank " + std::to_string(env.local_rank) +
+                          ", attempt " + std::to_string(env.restart_count);
+  if (where.step) callstack += ", at step " + std::to_string(*where.step);
+  callstack += "), exit " + std::to_string(code) +
+               (code == kExitTrainingFailed ? " (a restart may succeed)" : " (a restart would fail the same way)") +
+               ":\n" + line;
+  bridge::utils::record_elastic_error(line, callstack);
+  return code;
+}
 
 cxxopts::Options make_options() {
   cxxopts::Options options("bridge-pretrain", "Megatron-style GPT pretraining from a YAML recipe.");
@@ -117,7 +150,9 @@ data parallel):
   bridge runs on: another version's rendezvous store refuses these ranks. mpirun also needs --oversubscribe for more
   ranks than cores.)
 
-Exit status: 0 done, 1 training failed, 2 bad command line or config.
+Exit status: 0 done, 1 training failed (a restart may succeed), 2 bad command line or config, 93 a damaged
+checkpoint that a restart would refuse again. torchrun restarts on any failure, whatever its code: see
+docs/failures.md for using the codes to decide on a restart.
 
 Config keys (type, default when a recipe leaves the key out):
 )";
@@ -185,8 +220,11 @@ std::optional<double> lm_loss(const LossDict& losses) {
   return it->second.item<double>();
 }
 
-std::shared_ptr<CallbackManager> make_callbacks(RunSummary& summary) {
+std::shared_ptr<CallbackManager> make_callbacks(RunSummary& summary, FailureContext& failure) {
   auto callbacks = std::make_shared<CallbackManager>();
+  callbacks->register_callback(
+      Event::kException, [&failure](CallbackContext& ctx) { failure.step = ctx.state.train_state.step; },
+      "failure_step");
   callbacks->register_callback(
       Event::kTrainStart,
       [](CallbackContext& ctx) {
@@ -316,40 +354,47 @@ int main(int argc, char** argv) {
       config.validate(env.world_size);
     }
   } catch (const std::exception& error) {  // cxxopts errors, ConfigError, validate()'s invalid_argument
-    if (env.rank == 0) std::fprintf(stderr, "bridge-pretrain: error: %s\n", bridge::utils::describe(error).c_str());
-    return kExitBadConfig;
+    return fail(kExitBadConfig, "bridge-pretrain: error: " + bridge::utils::describe(error), error, {&env, {}},
+                env.rank == 0);
   }
   if (print_config) {
     try {
       if (env.launcher != parallel::Launcher::kNone) join_world_and_leave(config.parallelism);
     } catch (const std::exception& error) {
-      std::fprintf(stderr, "bridge-pretrain: rank %d: could not join the launcher's world: %s\n", env.rank,
-                   bridge::utils::describe(error).c_str());
-      return kExitTrainingFailed;
+      return fail(kExitTrainingFailed,
+                  "bridge-pretrain: rank " + std::to_string(env.rank) +
+                      ": could not join the launcher's world: " + bridge::utils::describe(error),
+                  error, {&env, {}}, true);
     }
     if (env.rank == 0) std::fputs(to_yaml(config).c_str(), stdout);
     return 0;
   }
 
+  FailureContext failure{&env, {}};
   try {
     prepare_builtin_data(config);
     RunSummary summary;
     ConfigContainer finalized = config;  // as pretrain() will run it
     finalized.finalize();
     summary.train_iters = finalized.train.train_iters;
-    const TrainState state = pretrain(config, gpt_forward_step, make_callbacks(summary));
+    const TrainState state = pretrain(config, gpt_forward_step, make_callbacks(summary, failure));
     if (env.rank == env.world_size - 1) {
       print_summary(config, summary, state,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return 0;
   } catch (const PreflightError& error) {  // the same on every rank: printed by the rank that found it
-    if (env.rank == error.source_rank())
-      std::fprintf(stderr, "bridge-pretrain: error: %s\n", bridge::utils::describe(error).c_str());
-    return kExitBadConfig;
+    return fail(kExitBadConfig, "bridge-pretrain: error: " + bridge::utils::describe(error), error, failure,
+                env.rank == error.source_rank());
+  } catch (const bridge::utils::DamagedFileError& error) {  // every rank throws it when one rank's file is damaged
+    return fail(kExitDoNotRestart,
+                "bridge-pretrain: rank " + std::to_string(env.rank) +
+                    ": training failed, and a restart would fail the same way: " + bridge::utils::describe(error),
+                error, failure, true);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "bridge-pretrain: rank %d: training failed: %s\n", env.rank,
-                 bridge::utils::describe(error).c_str());
-    return kExitTrainingFailed;
+    return fail(
+        kExitTrainingFailed,
+        "bridge-pretrain: rank " + std::to_string(env.rank) + ": training failed: " + bridge::utils::describe(error),
+        error, failure, true);
   }
 }

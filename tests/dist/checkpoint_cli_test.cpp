@@ -114,7 +114,7 @@ TEST_F(DamagedCheckpoint, FlippedBytesAreNamedNeverTrainedOnAndAutoResumeFallsBa
   // An explicit load of it: an error naming the file, and nothing written.
   const auto before = fs::last_write_time(save() / kRankFile);
   const RankResult refused = pretrain(30, {"checkpoint.load=" + save().string()});
-  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_EQ(refused.exit_code, 93) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr((save() / kRankFile).string() + " is damaged"));
   EXPECT_THAT(refused.output, Not(HasSubstr("Exception raised from")));
   EXPECT_EQ(tracker(save()), "20");
@@ -145,12 +145,12 @@ TEST_F(DamagedCheckpoint, DamagedCommonIsNamedAsDamage) {
   const fs::path common = save() / "iter_0000010" / "common.pt";
   flip(common, fs::file_size(common) / 2, 1);
   const RankResult refused = pretrain(20, {"checkpoint.load=" + save().string()});
-  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_EQ(refused.exit_code, 93) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr(common.string() + " is damaged"));
   EXPECT_THAT(refused.output, Not(HasSubstr("another model")));
   // Nothing older to fall back to: auto-resume says so and fails.
   const RankResult alone = pretrain(20, {"checkpoint.auto_resume=true"});
-  EXPECT_EQ(alone.exit_code, 1) << alone.output;
+  EXPECT_EQ(alone.exit_code, 93) << alone.output;
   EXPECT_THAT(alone.output, HasSubstr("holds no complete older checkpoint to fall back to"));
   EXPECT_EQ(tracker(save()), "10");
 }
@@ -160,7 +160,7 @@ TEST_F(DamagedCheckpoint, ATruncatedFileIsDamageWithoutABacktrace) {
   const fs::path file = save() / "iter_0000010" / "mp_rank_00" / "model_optim_rng.pt";
   fs::resize_file(file, fs::file_size(file) / 2);
   const RankResult refused = pretrain(20, {"checkpoint.load=" + save().string()});
-  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_EQ(refused.exit_code, 93) << refused.output;
   EXPECT_THAT(refused.output, HasSubstr(file.string() + " is damaged"));
   EXPECT_THAT(refused.output, Not(HasSubstr("Exception raised from")));
   EXPECT_THAT(refused.output, Not(HasSubstr("frame #")));
@@ -200,8 +200,8 @@ TEST_F(DamagedCheckpoint, EveryRankAgreesOnDamageFoundByOne) {
   const fs::path theirs = save() / "iter_0000020" / "mp_rank_01" / "model_optim_rng.pt";
   flip(theirs, fs::file_size(theirs) - 100, 1);
   const std::vector<RankResult> refused = run(30, {"checkpoint.load=" + save().string()});
-  EXPECT_EQ(refused[0].exit_code, 1) << describe(refused);
-  EXPECT_EQ(refused[1].exit_code, 1) << describe(refused);
+  EXPECT_EQ(refused[0].exit_code, 93) << describe(refused);
+  EXPECT_EQ(refused[1].exit_code, 93) << describe(refused);
   EXPECT_THAT(refused[1].output, HasSubstr(theirs.string() + " is damaged"));
   // Rank 0 names rank 1's failure, or the file itself where it reads that file too (replicated parameters).
   EXPECT_THAT(refused[0].output, AnyOf(HasSubstr("failed on rank(s) 1"), HasSubstr(theirs.string() + " is damaged")));
@@ -281,8 +281,8 @@ TEST_F(DamagedCheckpoint, AnExpertParallelCheckpointIsVerifiedAndExportedWhole) 
   EXPECT_THAT(damaged.output, HasSubstr("DAMAGED  mp_rank_00_001/model_optim_rng.pt"));
   EXPECT_THAT(damaged.output, HasSubstr("ok       mp_rank_00_000/model_optim_rng.pt"));
   const std::vector<RankResult> refused = run(20, {"checkpoint.load=" + save().string()});
-  EXPECT_EQ(refused[0].exit_code, 1) << describe(refused);
-  EXPECT_EQ(refused[1].exit_code, 1) << describe(refused);
+  EXPECT_EQ(refused[0].exit_code, 93) << describe(refused);
+  EXPECT_EQ(refused[1].exit_code, 93) << describe(refused);
   EXPECT_THAT(refused[1].output, HasSubstr(theirs.string() + " is damaged"));
   EXPECT_EQ(tracker(save()), "10");
 }

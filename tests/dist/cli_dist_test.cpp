@@ -1,6 +1,7 @@
 // bridge-pretrain end to end, as users run it: a few steps alone (the log lines and a summary whose numbers match
 // them), four ranks under mpirun with tp=2 pp=2 (sequence parallel, full recomputation) from overrides, two ranks
-// under torchrun, config errors (exit 2, printed once, naming the key or file:line), a runtime failure (exit 1),
+// under torchrun, config errors (exit 2, printed once, naming the key or file:line), a runtime failure (exit 1; under
+// torchrun its message in torchrun's root cause report), a checkpoint a restart would refuse again (exit 93),
 // --print-config output that loads back (an hf:<dir> start's model over the recipe's), and --help listing every key
 // and launch lines that run as printed. Each run uses a tiny model and a private cache folder for the embedded corpus.
 #include <gmock/gmock.h>
@@ -330,6 +331,50 @@ TEST_F(Cli, RuntimeFailureExitsOne) {
   const RankResult result = run(quick({"dataset.data_path=[/nonexistent/corpus_text_document]"}));
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_THAT(result.output, AllOf(HasSubstr("training failed"), HasSubstr("/nonexistent/corpus_text_document")));
+}
+
+// Under torchrun, a failing rank writes TORCHELASTIC_ERROR_FILE, so torchrun's "Root Cause (first observed failure)"
+// shows bridge's message, its type and rank instead of "<N/A>"; a failure a restart would meet again (a damaged
+// checkpoint to load) exits 93, which torchrun's report names as the rank's exit code.
+TEST_F(Cli, TorchrunReportsTheRootCauseAndTheExitCodeSaysWhetherToRestart) {
+  const auto torchrun = [&](std::vector<std::string> args) {
+    return run(quick(std::move(args)), {BRIDGE_TORCHRUN, "--no_python", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                                        "--master_port=" + std::to_string(utils::find_free_port())});
+  };
+  const auto root_cause = [](const std::string& output) {
+    const std::size_t at = output.find("Root Cause (first observed failure):");
+    return at == std::string::npos ? std::string() : output.substr(at);
+  };
+  const RankResult missing = torchrun({"dataset.data_path=[/nonexistent/corpus_text_document]"});
+  EXPECT_NE(missing.exit_code, 0) << missing.output;
+  const std::string cause = root_cause(missing.output);
+  ASSERT_FALSE(cause.empty()) << missing.output;
+  EXPECT_THAT(cause, AllOf(HasSubstr("exitcode  : 1"), HasSubstr("error_file: "), HasSubstr("(a restart may succeed)"),
+                           HasSubstr(": training failed: "), HasSubstr("/nonexistent/corpus_text_document")))
+      << missing.output;
+  EXPECT_THAT(cause, ::testing::Not(HasSubstr("<N/A>"))) << missing.output;
+  EXPECT_THAT(cause, ::testing::Not(HasSubstr("To enable traceback"))) << missing.output;
+
+  // A damaged checkpoint to load: every restart would refuse it again.
+  const fs::path save = cache_ / "ckpt";
+  const RankResult saved = run(quick({"checkpoint.ckpt_format=torch", "checkpoint.save=" + save.string()}));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  const fs::path file = save / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt";
+  {  // one byte inverted in the middle of the rank file
+    const auto middle = static_cast<std::streamoff>(fs::file_size(file) / 2);
+    std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+    bytes.seekg(middle);
+    const int byte = bytes.get();
+    bytes.seekp(middle);
+    bytes.put(static_cast<char>(byte ^ 0xFF));
+  }
+  const RankResult damaged = torchrun({"checkpoint.load=" + save.string()});
+  EXPECT_NE(damaged.exit_code, 0) << damaged.output;
+  EXPECT_THAT(root_cause(damaged.output), AllOf(HasSubstr("exitcode  : 93"), HasSubstr("DamagedFileError"),
+                                                HasSubstr("(a restart would fail the same way)"),
+                                                HasSubstr("training failed, and a restart would fail the same way: "),
+                                                HasSubstr(file.string() + " is damaged")))
+      << damaged.output;
 }
 
 TEST_F(Cli, PrintConfigLoadsBackAndTheEmbeddedRecipeIsTheFile) {
