@@ -2,6 +2,8 @@
 // parameter of the precision and optimizer, and the activations of Megatron's theoretical memory report.
 #include "training/utils/theoretical_memory.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -135,9 +137,10 @@ double context_parallel_attention_bytes(const ConfigContainer& config) {
 // the attention part is context_parallel_attention_bytes' instead.
 // The most the attention allocates at once beyond what it keeps, in the backward of one micro-batch (bytes). The
 // context-parallel attentions that compute their scores with matmuls hold two fp32 score-sized tensors at once there:
-// p2p for the rank's own block, the largest of its ring ([s / cp, s / cp] for every local head: the recomputed
-// probabilities and their gradient), all_gather for the local queries over the whole sequence ([s / cp, s]: the
-// gradients of the probabilities and of the scores). The fused kernels (cp 1, a2a) work in tiles: nothing counted.
+// all_gather for the local queries over the whole sequence ([s / cp, s]: the gradients of the probabilities and of
+// the scores), and p2p on LibTorch < 2.5 for the rank's own block, the largest of its ring ([s / cp, s / cp] for every
+// local head: the recomputed probabilities and their gradient). The fused kernels (cp 1, a2a, and p2p's blocks on
+// LibTorch >= 2.5, ring_attention.cpp) work in tiles: nothing counted.
 // Full recomputation rebuilds the attention in backward too, so it changes nothing here.
 double attention_workspace_bytes(const ConfigContainer& config) {
   const models::GPTConfig& m = config.model;
@@ -147,7 +150,11 @@ double attention_workspace_bytes(const ConfigContainer& config) {
                       config.parallelism.tensor_model_parallel_size * s_local;
   switch (m.cp_comm_type) {
     case parallel::context_parallel::CpCommType::kP2P:
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+      return 0;
+#else
       return 2 * rows * s_local * 4;
+#endif
     case parallel::context_parallel::CpCommType::kAllGather:
       return 2 * rows * s * 4;
     case parallel::context_parallel::CpCommType::kA2A:
